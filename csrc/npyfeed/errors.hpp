@@ -1,0 +1,66 @@
+// Exception types of the core. The binding maps each to the Python type users already catch.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace npyfeed {
+
+/// Base of every error the core throws on purpose.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A file that is not a valid `.npy` file. `offset` is the byte where the problem was found.
+/// Maps to `npyfeed.NpyFormatError` (a `ValueError`).
+class NpyFormatError : public Error {
+ public:
+  NpyFormatError(std::string path, std::uint64_t offset, std::string reason);
+  const std::string& path() const noexcept { return path_; }
+  std::uint64_t offset() const noexcept { return offset_; }
+  const std::string& reason() const noexcept { return reason_; }
+  /// The same error, naming `path` (the parser works on bytes and does not know it).
+  NpyFormatError with_path(const std::string& path) const;
+
+ private:
+  std::string path_;
+  std::uint64_t offset_;
+  std::string reason_;
+};
+
+/// A failed system call. Maps to `OSError` (and so to `FileNotFoundError`, ...) with errno and filename.
+class OsError : public Error {
+ public:
+  OsError(int error_number, std::string path, const std::string& operation);
+  int error_number() const noexcept { return errno_; }
+  const std::string& path() const noexcept { return path_; }
+  const std::string& strerror_text() const noexcept { return text_; }
+
+ private:
+  int errno_;
+  std::string path_;
+  std::string text_;
+};
+
+/// Rows or samples outside a file or array. Maps to `IndexError`.
+class IndexOutOfRange : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A bad argument or data that does not fit together (mismatched shapes, a malformed index line).
+/// Maps to `ValueError`.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A job cancelled on purpose (Ctrl-C, shutdown). Never escapes to users as itself.
+class Cancelled : public Error {
+ public:
+  Cancelled() : Error("cancelled") {}
+};
+
+}  // namespace npyfeed

@@ -1,0 +1,52 @@
+// A read-only file descriptor that is safe to open on anything a user might name (FIFOs do not block,
+// directories are refused), and a pread loop that survives EINTR and short reads.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace npyfeed {
+
+/// Identity of an opened file, to notice a file replaced between two opens.
+struct FileIdentity {
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+
+class File {
+ public:
+  File() = default;
+  /// Opens `path` read-only. `direct` adds O_DIRECT and throws OsError(EINVAL) where the filesystem refuses it.
+  /// Throws OsError (ENOENT, EACCES, EISDIR for directories, ...) or NpyFormatError for non-regular files.
+  static File open(const std::string& path, bool direct = false);
+  ~File();
+  File(File&& other) noexcept;
+  File& operator=(File&& other) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  int fd() const noexcept { return fd_; }
+  const std::string& path() const noexcept { return path_; }
+  std::uint64_t size() const noexcept { return size_; }
+  FileIdentity identity() const noexcept { return identity_; }
+  bool is_open() const noexcept { return fd_ >= 0; }
+
+  /// Reads up to `length` bytes at `offset`, looping over short reads and EINTR; returns the bytes read,
+  /// which is less than `length` only at end of file. Throws OsError.
+  std::size_t read_at(void* buffer, std::size_t length, std::uint64_t offset) const;
+  /// Like read_at, but a short read is an NpyFormatError saying the file ended early (truncated).
+  void read_exact(void* buffer, std::size_t length, std::uint64_t offset) const;
+  void close() noexcept;
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+  std::uint64_t size_ = 0;
+  FileIdentity identity_;
+};
+
+}  // namespace npyfeed

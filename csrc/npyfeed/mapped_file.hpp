@@ -1,0 +1,32 @@
+// A whole file mapped read-only and shared: N processes mapping one file share one copy in the page cache.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "npyfeed/file.hpp"
+
+namespace npyfeed {
+
+class MappedFile {
+ public:
+  /// Maps all of `file` (which may be closed afterwards). Throws OsError.
+  static std::shared_ptr<MappedFile> map(const File& file);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::byte* data() const noexcept { return data_; }
+  std::uint64_t size() const noexcept { return size_; }
+  /// Faults in [offset, offset + length) now (MADV_POPULATE_READ, or touching each page on old kernels),
+  /// so that later reads never wait on the disk.
+  void populate(std::uint64_t offset, std::uint64_t length) const;
+
+ private:
+  MappedFile(const std::byte* data, std::uint64_t size) : data_(data), size_(size) {}
+  const std::byte* data_;
+  std::uint64_t size_;
+};
+
+}  // namespace npyfeed

@@ -1,0 +1,87 @@
+// A fixed pool of worker threads and the one way work is given to it: a Job that runs fn(i) for
+// i in [0, n) on at most `max_workers` threads, pulling indices from a shared counter (load balanced).
+// The first exception wins: it cancels the rest of the job and is rethrown to whoever waits.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace npyfeed {
+
+class Job {
+ public:
+  Job(std::size_t count, std::function<void(std::size_t)> fn);
+  /// Waits until every started item has finished. Rethrows the first worker exception (not Cancelled).
+  void wait();
+  /// Waits at most `timeout`; true when the job has finished (it does not rethrow).
+  bool wait_for(std::chrono::milliseconds timeout);
+  /// Stops handing out new items; items already running finish.
+  void cancel() noexcept { cancelled_.store(true, std::memory_order_relaxed); }
+  bool cancelled() const noexcept { return cancelled_.load(std::memory_order_relaxed); }
+  bool done();
+  /// Rethrows the first failure, if any.
+  void rethrow_if_failed();
+  /// Items finished so far (for progress).
+  std::size_t items_done() const noexcept { return items_done_.load(std::memory_order_relaxed); }
+  /// Extra progress counter that work items may bump (bytes read).
+  std::atomic<std::uint64_t>& progress() noexcept { return progress_; }
+
+ private:
+  friend class ThreadPool;
+  void run_items();  // one runner: pull items until none are left
+
+  std::size_t count_;
+  std::function<void(std::size_t)> fn_;
+  std::atomic<std::size_t> next_{0};
+  std::atomic<std::size_t> items_done_{0};
+  std::atomic<std::uint64_t> progress_{0};
+  std::atomic<bool> cancelled_{false};
+  std::mutex mutex_;
+  std::condition_variable finished_;
+  std::size_t runners_left_ = 0;
+  std::exception_ptr error_;
+};
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(std::size_t threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  std::size_t size() const;
+  /// Grows the pool to at least `threads` workers.
+  void ensure_size(std::size_t threads);
+  /// Starts fn(0..count-1) on at most `max_workers` workers and returns at once.
+  std::shared_ptr<Job> start(std::size_t count, std::size_t max_workers, std::function<void(std::size_t)> fn);
+  /// start() then wait().
+  void run(std::size_t count, std::size_t max_workers, std::function<void(std::size_t)> fn);
+
+ private:
+  void worker_loop();
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Job>> runners_;  // one entry per runner to start
+  std::vector<std::thread> threads_;
+  bool stopping_ = false;
+};
+
+/// The process-wide pool, grown to at least `threads`. After fork() the child gets a fresh pool (the
+/// parent's threads do not exist there); the old one is deliberately leaked. The pool is never destroyed,
+/// so interpreter exit with work in flight cannot join a thread that waits for the GIL.
+ThreadPool& shared_pool(std::size_t threads);
+
+/// CPUs this process may run on (sched_getaffinity), at least 1.
+std::size_t available_cpus();
+
+}  // namespace npyfeed

@@ -1,0 +1,90 @@
+#include "npyfeed/file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "npyfeed/errors.hpp"
+
+namespace npyfeed {
+
+File File::open(const std::string& path, bool direct) {
+  // O_NONBLOCK so that opening a FIFO returns at once instead of waiting for a writer; it is
+  // cleared below for regular files (it has no effect on them anyway).
+  int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+  if (direct) flags |= O_DIRECT;
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) throw OsError(errno, path, "cannot open");
+  File file;
+  file.fd_ = fd;
+  file.path_ = path;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw OsError(errno, path, "cannot stat");
+  if (S_ISDIR(st.st_mode)) throw OsError(EISDIR, path, "cannot read");
+  if (!S_ISREG(st.st_mode)) throw NpyFormatError(path, 0, "not a regular file (a FIFO, socket or device)");
+  int status_flags = ::fcntl(fd, F_GETFL);
+  if (status_flags >= 0) ::fcntl(fd, F_SETFL, status_flags & ~O_NONBLOCK);
+  file.size_ = static_cast<std::uint64_t>(st.st_size);
+  file.identity_ = FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+  return file;
+}
+
+File::~File() { close(); }
+
+File::File(File&& other) noexcept
+    : fd_(other.fd_), path_(std::move(other.path_)), size_(other.size_), identity_(other.identity_) {
+  other.fd_ = -1;
+}
+
+File& File::operator=(File&& other) noexcept {
+  if (this != &other) {
+    close();
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    size_ = other.size_;
+    identity_ = other.identity_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+void File::close() noexcept {
+  if (fd_ >= 0) {
+    ::close(fd_);  // on Linux the descriptor is released even if close reports EINTR: never retry
+    fd_ = -1;
+  }
+}
+
+std::size_t File::read_at(void* buffer, std::size_t length, std::uint64_t offset) const {
+  auto* out = static_cast<char*>(buffer);
+  std::size_t done = 0;
+  while (done < length) {
+    // Linux transfers at most 0x7ffff000 bytes per call; ask for no more so large reads stay simple.
+    std::size_t want = length - done;
+    if (want > 0x40000000) want = 0x40000000;
+    ssize_t got = ::pread(fd_, out + done, want, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw OsError(errno, path_, "cannot read");
+    }
+    if (got == 0) break;  // end of file
+    done += static_cast<std::size_t>(got);
+  }
+  return done;
+}
+
+void File::read_exact(void* buffer, std::size_t length, std::uint64_t offset) const {
+  std::size_t got = read_at(buffer, length, offset);
+  if (got < length) {
+    throw NpyFormatError(path_, offset + got,
+                         "file ended while reading " + std::to_string(length) + " bytes at offset " +
+                             std::to_string(offset) + " (truncated, or shrunk while being read)");
+  }
+}
+
+}  // namespace npyfeed

@@ -1,0 +1,195 @@
+#include "npyfeed/loader.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+#include "npyfeed/aligned_buffer.hpp"
+#include "npyfeed/direct_reader.hpp"
+#include "npyfeed/errors.hpp"
+#include "npyfeed/mapped_file.hpp"
+
+namespace npyfeed {
+
+ReadMode parse_read_mode(const std::string& name) {
+  if (name == "mmap") return ReadMode::kMmap;
+  if (name == "read") return ReadMode::kRead;
+  if (name == "direct") return ReadMode::kDirect;
+  throw InvalidArgument("unknown read mode '" + name + "' (expected 'mmap', 'read', 'direct' or 'auto')");
+}
+
+NpyHeader read_header(const File& file, std::size_t max_header_size) {
+  // Most headers fit in the first 4 KiB; longer ones (up to the cap) take a second read.
+  std::vector<std::byte> head(std::min<std::uint64_t>(file.size(), 4096));
+  std::size_t got = file.read_at(head.data(), head.size(), 0);
+  head.resize(got);
+  NpyHeader header;
+  try {
+    std::uint64_t need = npy_header_end(std::span<const std::byte>(head.data(), std::min<std::size_t>(got, kMaxPreambleSize)),
+                                        max_header_size);
+    if (need > head.size() && need <= file.size()) {
+      head.resize(need);
+      head.resize(file.read_at(head.data(), need, 0));
+    }
+    header = parse_npy_header(head, max_header_size);
+  } catch (const NpyFormatError& e) {
+    throw e.with_path(file.path());
+  }
+  if (file.size() < header.data_offset + header.nbytes) {
+    throw NpyFormatError(file.path(), file.size(),
+                         "file is truncated: the header promises " + std::to_string(header.nbytes) +
+                             " bytes of data at offset " + std::to_string(header.data_offset) + ", the file has only " +
+                             std::to_string(file.size() - std::min(file.size(), header.data_offset)));
+  }
+  return header;
+}
+
+// Where a file's data goes, shared by its chunks.
+struct ManyLoad::FileState {
+  FileIdentity identity;
+  std::size_t align = 1;                 // direct mode: O_DIRECT alignment
+  std::shared_ptr<AlignedBuffer> buffer; // read/direct
+  std::shared_ptr<MappedFile> mapping;   // mmap
+  std::byte* dest = nullptr;             // where the byte at data_offset goes
+  std::atomic<bool> direct_refused{false};
+};
+
+ManyLoad::ManyLoad(std::vector<std::string> paths, LoadOptions options)
+    : paths_(std::move(paths)),
+      options_(options),
+      results_(paths_.size()),
+      states_(paths_.size()),
+      bytes_done_(std::make_shared<std::atomic<std::uint64_t>>(0)) {
+  if (options_.chunk_bytes < (1u << 20)) options_.chunk_bytes = 1u << 20;
+}
+
+std::shared_ptr<Job> ManyLoad::start_headers(ThreadPool& pool) {
+  return pool.start(paths_.size(), options_.threads, [this](std::size_t i) { load_header_and_small(i); });
+}
+
+std::shared_ptr<Job> ManyLoad::start_chunks(ThreadPool& pool) {
+  bytes_total_ = 0;
+  for (auto& r : results_) bytes_total_ += r.header.nbytes;
+  return pool.start(chunks_.size(), options_.threads, [this](std::size_t i) { load_chunk(chunks_[i]); });
+}
+
+namespace {
+
+// Reads file bytes [begin, end) of the data to their place, by the mode's method.
+void read_range(const File& file, ReadMode mode, std::size_t align, std::byte* dest_of_data_offset,
+                std::uint64_t data_offset, std::uint64_t begin, std::uint64_t end, std::atomic<bool>& refused) {
+  std::byte* dest = dest_of_data_offset + (begin - data_offset);
+  if (mode == ReadMode::kDirect && !refused.load()) {
+    if (read_direct_into(file, align, dest, begin, end - begin)) return;
+    refused.store(true);
+  }
+  if (mode == ReadMode::kDirect) {
+    // Buffered fallback on the same descriptor would still be O_DIRECT: reopen plainly.
+    File plain = File::open(file.path());
+    if (!(plain.identity() == file.identity())) throw OsError(ESTALE, file.path(), "file replaced while loading");
+    plain.read_exact(dest, end - begin, begin);
+    return;
+  }
+  file.read_exact(dest, end - begin, begin);
+}
+
+File open_for_mode(const std::string& path, ReadMode mode, std::atomic<bool>& refused) {
+  if (mode == ReadMode::kDirect && !refused.load()) {
+    try {
+      return File::open(path, /*direct=*/true);
+    } catch (const OsError& e) {
+      if (e.error_number() != EINVAL) throw;
+      refused.store(true);  // the filesystem (tmpfs, some FUSE) does not do O_DIRECT
+    }
+  }
+  return File::open(path);
+}
+
+}  // namespace
+
+void ManyLoad::load_header_and_small(std::size_t i) {
+  const std::string& path = paths_[i];
+  File file = File::open(path);
+  NpyHeader header = read_header(file, options_.max_header_size);
+  auto state = std::make_shared<FileState>();
+  state->identity = file.identity();
+  LoadedArray& result = results_[i];
+  result.path = path;
+  const std::uint64_t begin = header.data_offset;
+  const std::uint64_t end = header.data_offset + header.nbytes;
+  const bool small = header.nbytes <= 2 * options_.chunk_bytes || options_.threads <= 1;
+
+  if (options_.mode == ReadMode::kMmap) {
+    state->mapping = MappedFile::map(file);
+    result.owner = state->mapping;
+    result.data = state->mapping->data() == nullptr ? nullptr : state->mapping->data() + begin;
+    result.writable = false;
+    if (options_.populate) {
+      if (small) {
+        state->mapping->populate(begin, header.nbytes);
+        bytes_done_->fetch_add(header.nbytes);
+      } else {
+        std::lock_guard lock(chunks_mutex_);
+        for (std::uint64_t at = begin; at < end; at += options_.chunk_bytes) {
+          chunks_.push_back({i, at, std::min(end, at + options_.chunk_bytes)});
+        }
+      }
+    }
+  } else {
+    File data_file = options_.mode == ReadMode::kDirect ? open_for_mode(path, ReadMode::kDirect, state->direct_refused)
+                                                        : std::move(file);
+    if (options_.mode == ReadMode::kDirect && !(data_file.identity() == state->identity)) {
+      throw OsError(ESTALE, path, "file replaced while loading");
+    }
+    std::size_t lead = 0;
+    std::size_t alloc = header.nbytes;
+    if (options_.mode == ReadMode::kDirect) {
+      state->align = direct_alignment(data_file);
+      lead = begin % state->align;
+      alloc = align_up(lead + header.nbytes, state->align) + state->align;
+    }
+    state->buffer = std::make_shared<AlignedBuffer>(alloc, options_.mode == ReadMode::kDirect ? state->align : kBufferAlignment);
+    state->dest = state->buffer->data() + lead;
+    result.owner = state->buffer;
+    result.data = state->dest;
+    result.writable = true;
+    if (small) {
+      read_range(data_file, options_.mode, state->align, state->dest, begin, begin, end, state->direct_refused);
+      bytes_done_->fetch_add(header.nbytes);
+    } else {
+      // Chunk boundaries on multiples of the alignment so that every O_DIRECT chunk is aligned.
+      std::uint64_t step = align_up(options_.chunk_bytes, std::max<std::size_t>(state->align, 4096));
+      std::uint64_t at = begin;
+      std::lock_guard lock(chunks_mutex_);
+      while (at < end) {
+        std::uint64_t next = std::min(end, align_down(at, step) + step);
+        chunks_.push_back({i, at, next});
+        at = next;
+      }
+    }
+  }
+  result.header = std::move(header);
+  states_[i] = state;
+}
+
+std::vector<LoadedArray>& ManyLoad::results() {
+  for (std::size_t i = 0; i < results_.size(); ++i) {
+    if (states_[i]) results_[i].direct_fallback = states_[i]->direct_refused.load();
+  }
+  return results_;
+}
+
+void ManyLoad::load_chunk(const Chunk& chunk) {
+  FileState& state = *states_[chunk.file];
+  const LoadedArray& result = results_[chunk.file];
+  if (options_.mode == ReadMode::kMmap) {
+    state.mapping->populate(chunk.begin, chunk.end - chunk.begin);
+  } else {
+    File file = open_for_mode(result.path, options_.mode, state.direct_refused);
+    if (!(file.identity() == state.identity)) throw OsError(ESTALE, result.path, "file replaced while loading");
+    read_range(file, options_.mode, state.align, state.dest, result.header.data_offset, chunk.begin, chunk.end,
+               state.direct_refused);
+  }
+  bytes_done_->fetch_add(chunk.end - chunk.begin);
+}
+
+}  // namespace npyfeed

@@ -1,0 +1,309 @@
+#include "npyfeed/npy_header.hpp"
+
+#include <bit>
+#include <cctype>
+#include <climits>
+#include <cstring>
+#include <string_view>
+
+#include "npyfeed/detail/checked.hpp"
+#include "npyfeed/errors.hpp"
+
+namespace npyfeed {
+
+namespace {
+
+using detail::PyLiteral;
+
+constexpr unsigned char kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+
+[[noreturn]] void fail(std::uint64_t offset, const std::string& reason) { throw NpyFormatError("", offset, reason); }
+
+struct Preamble {
+  int major;
+  int minor;
+  std::size_t size;        // 10 or 12
+  std::uint64_t text_len;  // header text length
+};
+
+Preamble read_preamble(std::span<const std::byte> bytes, std::size_t max_header_size) {
+  if (bytes.size() < 8) {
+    if (bytes.empty()) fail(0, "empty file, not a .npy file");
+    if (std::memcmp(bytes.data(), kMagic, bytes.size()) != 0) fail(0, "not a .npy file (bad magic)");
+    fail(bytes.size(), "file too short for a .npy header");
+  }
+  if (std::memcmp(bytes.data(), kMagic, 6) != 0) fail(0, "not a .npy file (bad magic, expected \\x93NUMPY)");
+  Preamble p{};
+  p.major = static_cast<unsigned char>(bytes[6]);
+  p.minor = static_cast<unsigned char>(bytes[7]);
+  if (p.major < 1 || p.major > 3 || p.minor != 0) {
+    fail(6, "unsupported .npy format version " + std::to_string(p.major) + "." + std::to_string(p.minor) +
+                " (1.0, 2.0 and 3.0 are supported)");
+  }
+  p.size = p.major == 1 ? 10 : 12;
+  if (bytes.size() < p.size) fail(bytes.size(), "file too short for a .npy header length field");
+  const auto* u = reinterpret_cast<const unsigned char*>(bytes.data());
+  if (p.major == 1) {
+    p.text_len = static_cast<std::uint64_t>(u[8]) | (static_cast<std::uint64_t>(u[9]) << 8);
+  } else {
+    p.text_len = static_cast<std::uint64_t>(u[8]) | (static_cast<std::uint64_t>(u[9]) << 8) |
+                 (static_cast<std::uint64_t>(u[10]) << 16) | (static_cast<std::uint64_t>(u[11]) << 24);
+  }
+  // numpy counts characters; v1/v2 are latin-1 (one byte each). For v3 the exact count comes after decoding.
+  if (p.major < 3 && p.text_len > max_header_size) {
+    fail(8, "header length " + std::to_string(p.text_len) + " exceeds the limit of " + std::to_string(max_header_size) +
+                " bytes (raise max_header_size if you trust this file)");
+  }
+  if (p.major == 3 && p.text_len > 4 * static_cast<std::uint64_t>(max_header_size)) {
+    fail(8, "header length " + std::to_string(p.text_len) + " exceeds the limit of " + std::to_string(max_header_size) +
+                " characters (raise max_header_size if you trust this file)");
+  }
+  return p;
+}
+
+// Length in code points of valid utf-8, or -1 where it is not valid utf-8.
+std::int64_t utf8_length(std::string_view s) {
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i < s.size();) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    std::size_t len;
+    std::uint32_t cp;
+    if (c < 0x80) { len = 1; cp = c; }
+    else if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
+    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
+    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
+    else return -1;
+    if (i + len > s.size()) return -1;
+    for (std::size_t k = 1; k < len; ++k) {
+      unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return -1;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr std::uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return -1;
+    i += len;
+    ++n;
+  }
+  return n;
+}
+
+std::string latin1_to_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char ch : s) {
+    unsigned char c = static_cast<unsigned char>(ch);
+    if (c < 0x80) {
+      out += ch;
+    } else {
+      out += static_cast<char>(0xC0 | (c >> 6));
+      out += static_cast<char>(0x80 | (c & 0x3F));
+    }
+  }
+  return out;
+}
+
+const PyLiteral* dict_get(const PyLiteral& dict, std::string_view key) {
+  for (std::size_t i = 0; i + 1 < dict.items.size(); i += 2) {
+    if (dict.items[i].kind == PyLiteral::Kind::kStr && dict.items[i].str == key) return &dict.items[i + 1];
+  }
+  return nullptr;
+}
+
+struct TypeStr {
+  char byteorder;
+  char kind;
+  std::uint64_t size;  // number after the kind letter
+};
+
+// Parses numpy's array-interface typestr: [<>|=]?kind digits ([unit])?, as dtype.str writes it.
+bool parse_typestr(std::string_view s, TypeStr& out) {
+  std::size_t i = 0;
+  out.byteorder = '=';
+  if (i < s.size() && (s[i] == '<' || s[i] == '>' || s[i] == '|' || s[i] == '=')) out.byteorder = s[i++];
+  if (i >= s.size()) return false;
+  out.kind = s[i++];
+  if (i >= s.size() || s[i] < '0' || s[i] > '9') {
+    // A bare kind letter: only the ones with an implied size.
+    if (i != s.size()) return false;
+    if (out.kind == '?' || out.kind == 'b') { out.kind = 'b'; out.size = 1; return true; }
+    return false;
+  }
+  std::uint64_t n = 0;
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
+    if (n > (std::uint64_t{1} << 40)) return false;
+    n = n * 10 + static_cast<std::uint64_t>(s[i++] - '0');
+  }
+  out.size = n;
+  if (i < s.size()) {
+    if (out.kind != 'M' && out.kind != 'm') return false;
+    if (s[i] != '[' || s.back() != ']') return false;
+    for (std::size_t k = i + 1; k + 1 < s.size(); ++k) {
+      if (!std::isalnum(static_cast<unsigned char>(s[k]))) return false;
+    }
+  }
+  return true;
+}
+
+std::uint64_t typestr_itemsize(std::string_view s, ScalarType* scalar) {
+  TypeStr t{};
+  if (!parse_typestr(s, t)) fail(0, "unsupported dtype descr '" + std::string(s) + "'");
+  auto bad = [&]() { fail(0, "unsupported dtype descr '" + std::string(s) + "'"); };
+  std::uint64_t itemsize = t.size;
+  switch (t.kind) {
+    case 'b':
+    case '?':
+      if (t.size != 1) bad();
+      t.kind = 'b';
+      break;
+    case 'i':
+    case 'u':
+      if (t.size != 1 && t.size != 2 && t.size != 4 && t.size != 8) bad();
+      break;
+    case 'f':
+      if (t.size != 2 && t.size != 4 && t.size != 8 && t.size != 12 && t.size != 16) bad();
+      break;
+    case 'c':
+      if (t.size != 8 && t.size != 16 && t.size != 24 && t.size != 32) bad();
+      break;
+    case 'M':
+    case 'm':
+      if (t.size != 8) bad();
+      break;
+    case 'S':
+    case 'V':
+    case 'a':
+      break;
+    case 'U':
+      itemsize = detail::checked_mul(t.size, 4, [&] { bad(); });
+      break;
+    case 'O':
+      fail(0, "object arrays cannot be loaded: npyfeed never unpickles (descr '" + std::string(s) + "')");
+    default:
+      bad();
+  }
+  if (scalar != nullptr && (t.kind == 'b' || t.kind == 'i' || t.kind == 'u' || t.kind == 'f' || t.kind == 'c')) {
+    scalar->kind = t.kind;
+    scalar->size = static_cast<std::uint32_t>(t.size);
+    constexpr char kNative = std::endian::native == std::endian::little ? '<' : '>';
+    scalar->swapped = t.size > 1 && (t.byteorder == '<' || t.byteorder == '>') && t.byteorder != kNative;
+  }
+  return itemsize;
+}
+
+std::uint64_t descr_itemsize_impl(const PyLiteral& descr, ScalarType* scalar, int depth) {
+  if (depth > 16) fail(0, "dtype descr nested too deeply");
+  if (descr.kind == PyLiteral::Kind::kStr) return typestr_itemsize(descr.str, scalar);
+  if (descr.kind != PyLiteral::Kind::kList) fail(0, "descr is neither a type string nor a list of fields");
+  std::uint64_t total = 0;
+  auto overflow = [] { fail(0, "structured dtype too large"); };
+  for (const PyLiteral& field : descr.items) {
+    if (field.kind != PyLiteral::Kind::kTuple || field.items.size() < 2 || field.items.size() > 3) {
+      fail(0, "a field of a structured descr must be (name, descr) or (name, descr, shape)");
+    }
+    const PyLiteral& name = field.items[0];
+    bool name_ok = name.kind == PyLiteral::Kind::kStr ||
+                   (name.kind == PyLiteral::Kind::kTuple && name.items.size() == 2 &&
+                    name.items[0].kind == PyLiteral::Kind::kStr && name.items[1].kind == PyLiteral::Kind::kStr);
+    if (!name_ok) fail(0, "a field name of a structured descr must be a string or a (title, name) pair");
+    std::uint64_t size = descr_itemsize_impl(field.items[1], nullptr, depth + 1);
+    if (field.items.size() == 3) {
+      const PyLiteral& sub = field.items[2];
+      if (sub.is_int_like()) {
+        if (sub.as_int() < 0) fail(0, "negative subarray shape in descr");
+        size = detail::checked_mul(size, static_cast<std::uint64_t>(sub.as_int()), overflow);
+      } else if (sub.kind == PyLiteral::Kind::kTuple) {
+        for (const PyLiteral& d : sub.items) {
+          if (!d.is_int_like() || d.as_int() < 0) fail(0, "bad subarray shape in descr");
+          size = detail::checked_mul(size, static_cast<std::uint64_t>(d.as_int()), overflow);
+        }
+      } else {
+        fail(0, "bad subarray shape in descr");
+      }
+    }
+    total = detail::checked_add(total, size, overflow);
+  }
+  return total;
+}
+
+}  // namespace
+
+std::uint64_t descr_itemsize(const PyLiteral& descr) { return descr_itemsize_impl(descr, nullptr, 0); }
+
+std::uint64_t npy_header_end(std::span<const std::byte> prefix, std::size_t max_header_size) {
+  Preamble p = read_preamble(prefix, max_header_size);
+  return p.size + p.text_len;
+}
+
+NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::size_t max_header_size) {
+  Preamble p = read_preamble(bytes, max_header_size);
+  const std::uint64_t end = p.size + p.text_len;
+  if (bytes.size() < end) {
+    fail(bytes.size(), "header is truncated: it announces " + std::to_string(p.text_len) + " bytes of header text, the file ends first");
+  }
+  std::string_view raw(reinterpret_cast<const char*>(bytes.data()) + p.size, p.text_len);
+  if (std::memchr(raw.data(), '\0', raw.size()) != nullptr) {
+    fail(p.size + static_cast<std::uint64_t>(static_cast<const char*>(std::memchr(raw.data(), '\0', raw.size())) - raw.data()),
+         "NUL byte in header text");
+  }
+  std::string text;
+  if (p.major == 3) {
+    std::int64_t chars = utf8_length(raw);
+    if (chars < 0) fail(p.size, "header text of a version 3.0 file is not valid utf-8");
+    if (static_cast<std::uint64_t>(chars) > max_header_size) {
+      fail(8, "header length " + std::to_string(chars) + " exceeds the limit of " + std::to_string(max_header_size) +
+                  " characters (raise max_header_size if you trust this file)");
+    }
+    text.assign(raw);
+  } else {
+    text = latin1_to_utf8(raw);
+  }
+
+  PyLiteral dict;
+  try {
+    dict = detail::parse_py_literal(text, /*allow_long_suffix=*/p.major < 3);
+  } catch (const detail::PyLiteralError& e) {
+    // Positions in the converted text can differ from the raw bytes for latin-1; they are close enough to find it.
+    fail(p.size + e.position, "cannot parse header: " + e.reason);
+  }
+  if (dict.kind != PyLiteral::Kind::kDict) fail(p.size, "header is not a dictionary");
+  const PyLiteral* descr = dict_get(dict, "descr");
+  const PyLiteral* fortran = dict_get(dict, "fortran_order");
+  const PyLiteral* shape = dict_get(dict, "shape");
+  if (descr == nullptr || fortran == nullptr || shape == nullptr || dict.items.size() != 6) {
+    fail(p.size, "header does not contain exactly the keys 'descr', 'fortran_order' and 'shape'");
+  }
+  if (fortran->kind != PyLiteral::Kind::kBool) fail(p.size, "'fortran_order' is not a bool");
+  if (shape->kind != PyLiteral::Kind::kTuple) fail(p.size, "'shape' is not a tuple of integers");
+
+  NpyHeader h;
+  h.major_version = p.major;
+  h.minor_version = p.minor;
+  h.fortran_order = fortran->boolean;
+  h.data_offset = end;
+  auto too_big = [&] { fail(p.size, "array too large: prod(shape) * itemsize overflows 64 bits"); };
+  std::uint64_t count = 1;
+  bool zero = false;
+  for (const PyLiteral& d : shape->items) {
+    if (!d.is_int_like()) fail(p.size, "'shape' is not a tuple of integers");
+    if (d.as_int() < 0) fail(p.size, "negative dimension " + std::to_string(d.as_int()) + " in shape");
+    h.shape.push_back(d.as_int());
+    if (d.as_int() == 0) zero = true;
+    else count = detail::checked_mul(count, static_cast<std::uint64_t>(d.as_int()), too_big);
+  }
+  if (h.shape.size() > 64) fail(p.size, "too many dimensions (numpy allows 64)");
+  h.count = zero ? 0 : count;
+  try {
+    h.itemsize = descr_itemsize_impl(*descr, &h.scalar, 0);
+  } catch (const NpyFormatError& e) {
+    fail(p.size, e.reason());
+  }
+  if (descr->kind == PyLiteral::Kind::kStr) h.descr_text = descr->str;
+  h.descr = *descr;
+  // numpy itself refuses arrays whose byte size does not fit in a signed 64-bit integer.
+  std::uint64_t nbytes = detail::checked_mul(count, h.itemsize, too_big);
+  if (nbytes > static_cast<std::uint64_t>(INT64_MAX)) too_big();
+  h.nbytes = zero ? 0 : nbytes;
+  return h;
+}
+
+}  // namespace npyfeed

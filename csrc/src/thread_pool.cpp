@@ -1,0 +1,141 @@
+#include "npyfeed/thread_pool.hpp"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include "npyfeed/errors.hpp"
+
+namespace npyfeed {
+
+Job::Job(std::size_t count, std::function<void(std::size_t)> fn) : count_(count), fn_(std::move(fn)) {}
+
+void Job::run_items() {
+  while (!cancelled()) {
+    std::size_t i = next_.fetch_add(1, std::memory_order_relaxed);
+    if (i >= count_) break;
+    try {
+      fn_(i);
+    } catch (...) {
+      std::lock_guard lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+      cancel();
+    }
+    items_done_.fetch_add(1, std::memory_order_relaxed);
+  }
+  std::lock_guard lock(mutex_);
+  if (--runners_left_ == 0) finished_.notify_all();
+}
+
+bool Job::done() {
+  std::lock_guard lock(mutex_);
+  return runners_left_ == 0;
+}
+
+bool Job::wait_for(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  return finished_.wait_for(lock, timeout, [this] { return runners_left_ == 0; });
+}
+
+void Job::wait() {
+  {
+    std::unique_lock lock(mutex_);
+    finished_.wait(lock, [this] { return runners_left_ == 0; });
+  }
+  rethrow_if_failed();
+}
+
+void Job::rethrow_if_failed() {
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(mutex_);
+    error = error_;
+  }
+  if (error) std::rethrow_exception(error);
+  if (cancelled() && items_done_.load() < count_) throw Cancelled();
+}
+
+ThreadPool::ThreadPool(std::size_t threads) { ensure_size(threads); }
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+std::size_t ThreadPool::size() const {
+  std::lock_guard lock(mutex_);
+  return threads_.size();
+}
+
+void ThreadPool::ensure_size(std::size_t threads) {
+  std::lock_guard lock(mutex_);
+  while (threads_.size() < threads) threads_.emplace_back([this] { worker_loop(); });
+}
+
+void ThreadPool::worker_loop() {
+  while (true) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !runners_.empty(); });
+      if (runners_.empty()) return;  // stopping
+      job = std::move(runners_.front());
+      runners_.pop_front();
+    }
+    job->run_items();
+  }
+}
+
+std::shared_ptr<Job> ThreadPool::start(std::size_t count, std::size_t max_workers, std::function<void(std::size_t)> fn) {
+  auto job = std::make_shared<Job>(count, std::move(fn));
+  std::size_t runners = std::min(count, std::max<std::size_t>(max_workers, 1));
+  if (runners == 0) return job;  // nothing to do: already finished
+  ensure_size(runners);
+  {
+    std::lock_guard job_lock(job->mutex_);
+    job->runners_left_ = runners;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    for (std::size_t r = 0; r < runners; ++r) runners_.push_back(job);
+  }
+  wake_.notify_all();
+  return job;
+}
+
+void ThreadPool::run(std::size_t count, std::size_t max_workers, std::function<void(std::size_t)> fn) {
+  start(count, max_workers, std::move(fn))->wait();
+}
+
+namespace {
+std::mutex g_pool_mutex;
+ThreadPool* g_pool = nullptr;
+pid_t g_pool_pid = 0;
+}  // namespace
+
+ThreadPool& shared_pool(std::size_t threads) {
+  std::lock_guard lock(g_pool_mutex);
+  if (g_pool == nullptr || g_pool_pid != ::getpid()) {
+    // In a forked child the old pool's threads are gone and its mutexes may be held forever: abandon it.
+    g_pool = new ThreadPool(0);
+    g_pool_pid = ::getpid();
+  }
+  g_pool->ensure_size(threads);
+  return *g_pool;
+}
+
+std::size_t available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return static_cast<std::size_t>(n);
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<std::size_t>(n) : 1;
+}
+
+}  // namespace npyfeed

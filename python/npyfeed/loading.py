@@ -1,0 +1,224 @@
+"""Whole-file loads: `read_header`, `load`, `load_many` and the drop-in `load_factor_files`."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterable, MutableMapping, Sequence
+
+import numpy as np
+
+from . import _core
+from ._threads import resolve_threads
+
+__all__ = ["Header", "read_header", "load", "load_many", "load_factor_files", "MODES"]
+
+log = logging.getLogger("npyfeed")
+
+#: The read modes. "auto" resolves to "read" for whole-file loads (see the README).
+MODES = ("auto", "mmap", "read", "direct")
+
+PathLike = "str | os.PathLike[str]"
+
+
+@dataclass(frozen=True)
+class Header:
+    """A parsed `.npy` header.
+
+    Attributes
+    ----------
+    shape : tuple of int
+    dtype : numpy.dtype
+        Exactly the dtype ``np.load`` would return (byte order included).
+    fortran_order : bool
+    version : tuple of int
+        Format version, ``(1, 0)``, ``(2, 0)`` or ``(3, 0)``.
+    data_offset : int
+        Byte offset of the array data in the file.
+    nbytes : int
+        Bytes of array data (``prod(shape) * itemsize``).
+    file_size : int
+        Size of the file in bytes (at least ``data_offset + nbytes``).
+    """
+
+    shape: tuple
+    dtype: np.dtype
+    fortran_order: bool
+    version: tuple
+    data_offset: int
+    nbytes: int
+    file_size: int
+
+
+def _fspath(path) -> str:
+    path = os.fspath(path)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not isinstance(path, str):
+        raise TypeError(f"expected a path, got {type(path).__name__}")
+    return path
+
+
+def _check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return "read" if mode == "auto" else mode
+
+
+def read_header(path, *, max_header_size: int = 10000) -> Header:
+    """Read and validate the header of a `.npy` file without reading its data.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    max_header_size : int
+        Largest header text accepted, as in ``np.load`` (default 10000).
+
+    Returns
+    -------
+    Header
+
+    Raises
+    ------
+    NpyFormatError
+        The file is not a valid `.npy` file, or is shorter than its header promises.
+    OSError
+        The file cannot be opened or read (``FileNotFoundError``, ``IsADirectoryError``, ...).
+    """
+    return Header(**_core.read_header(_fspath(path), max_header_size))
+
+
+def load(path, *, mode: str = "auto", threads: int | None = None, populate: bool = False,
+         max_header_size: int = 10000) -> np.ndarray:
+    """Load one `.npy` file; equal to ``np.load(path)`` in dtype, shape, values and memory order.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    mode : {"auto", "mmap", "read", "direct"}
+        How to read it (see the README). ``"mmap"`` returns a read-only zero-copy view.
+    threads : int, optional
+        Threads for a large file (default: ``NPYFEED_THREADS`` or the CPUs this process may use).
+    populate : bool
+        With ``mode="mmap"``, fault every page in now (in parallel) instead of on first touch.
+    max_header_size : int
+        Largest header text accepted (default 10000, as numpy).
+
+    Raises
+    ------
+    NpyFormatError, OSError
+    """
+    return load_many([path], mode=mode, threads=threads, populate=populate, max_header_size=max_header_size)[0]
+
+
+def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None, progress: bool = False,
+              populate: bool = False, max_header_size: int = 10000) -> list:
+    """Load many `.npy` files in parallel with the GIL released.
+
+    Parameters
+    ----------
+    paths : iterable of str or os.PathLike
+    mode : {"auto", "mmap", "read", "direct"}
+    threads : int, optional
+    progress : bool
+        Show a tqdm progress bar in bytes.
+    populate : bool
+        With ``mode="mmap"``, fault all pages in now, in parallel.
+    max_header_size : int
+
+    Returns
+    -------
+    list of numpy.ndarray
+        In the order of `paths`.
+
+    Raises
+    ------
+    NpyFormatError, OSError
+        For the first file that fails; the message names it. Nothing is returned then.
+    """
+    paths = [_fspath(p) for p in paths]
+    core_mode = _check_mode(mode)
+    nthreads = resolve_threads(threads)
+    bar = _progress_bar(progress, len(paths))
+    try:
+        results = _core.load_many(paths, core_mode, nthreads, max_header_size, populate,
+                                  bar.update_to if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    arrays = []
+    for path, (array, fell_back) in zip(paths, results):
+        if fell_back:
+            log.warning("npyfeed: O_DIRECT refused for %s; used buffered reads instead", path)
+        arrays.append(array)
+    return arrays
+
+
+def _default_key(path: str) -> str:
+    name = os.path.basename(path)
+    return name[:-4] if name.endswith(".npy") else name
+
+
+def load_factor_files(in_files: Sequence, store_dict: MutableMapping | None = None, *,
+                      key: Callable[[str], object] | None = None, mode: str = "auto",
+                      threads: int | None = None, progress: bool = False, populate: bool = False,
+                      max_header_size: int = 10000) -> MutableMapping:
+    """Drop-in for the users' ``load_factor_files(in_files, store_dict)``, in parallel.
+
+    Fills ``store_dict[key(path)] = array`` for every file and returns `store_dict`.
+
+    Parameters
+    ----------
+    in_files : sequence of str or os.PathLike
+    store_dict : mutable mapping, optional
+        Filled in place (a new dict if None).
+    key : callable, optional
+        Maps a path to its key; default: the file name without ``.npy``.
+    mode, threads, progress, populate, max_header_size
+        As in `load_many`. ``mode="mmap"`` shares one copy of the data between all processes.
+
+    Raises
+    ------
+    NpyFormatError, OSError
+        Naming the failing file. `store_dict` is then left exactly as it was.
+    ValueError
+        Two files map to the same key.
+    """
+    if store_dict is None:
+        store_dict = {}
+    paths = [_fspath(p) for p in in_files]
+    key_of = key or _default_key
+    keys = [key_of(p) for p in paths]
+    seen: dict = {}
+    for k, p in zip(keys, paths):
+        if k in seen:
+            raise ValueError(f"two files map to the key {k!r}: {seen[k]} and {p}")
+        seen[k] = p
+    arrays = load_many(paths, mode=mode, threads=threads, progress=progress, populate=populate,
+                       max_header_size=max_header_size)
+    store_dict.update(zip(keys, arrays))  # only after every file loaded: no half-filled dict
+    return store_dict
+
+
+class _BytesBar:
+    def __init__(self, tqdm_cls, files: int):
+        self._bar = tqdm_cls(total=0, unit="B", unit_scale=True, unit_divisor=1024, desc=f"npyfeed {files} files")
+
+    def update_to(self, done: int, total: int) -> None:
+        if self._bar.total != total:
+            self._bar.total = total
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _progress_bar(progress: bool, files: int):
+    if not progress:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        raise ImportError("progress=True needs tqdm: pip install 'npyfeed[progress]'") from None
+    return _BytesBar(tqdm, files)
