@@ -8,9 +8,11 @@
 #include <chrono>
 
 #include "npyfeed/errors.hpp"
+#include "npyfeed/index.hpp"
 #include "npyfeed/loader.hpp"
 #include "npyfeed/npy_header.hpp"
 #include "npyfeed/thread_pool.hpp"
+#include "npyfeed/window_source.hpp"
 
 namespace py = pybind11;
 using namespace npyfeed;
@@ -151,6 +153,115 @@ py::list load_many(const std::vector<std::string>& paths, const std::string& mod
   return out;
 }
 
+
+// A (count, *shape) float array over an owned buffer; the capsule keeps the buffer alive (and returns it
+// to its pool only when numpy, and anything that adopted the memory, has let go).
+py::array wrap_batch(const std::shared_ptr<AlignedBuffer>& buffer, std::size_t count, const std::vector<std::int64_t>& shape,
+                     std::uint32_t out_size) {
+  std::vector<py::ssize_t> full{static_cast<py::ssize_t>(count)};
+  full.insert(full.end(), shape.begin(), shape.end());
+  auto* owner = new std::shared_ptr<AlignedBuffer>(buffer);
+  py::capsule base(owner, [](void* p) { delete static_cast<std::shared_ptr<AlignedBuffer>*>(p); });
+  py::dtype dtype = out_size == 4 ? py::dtype::of<float>() : py::dtype::of<double>();
+  return py::array(dtype, full, {}, buffer->data(), base);
+}
+
+std::vector<std::int64_t> int64_vector(const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& a) {
+  return std::vector<std::int64_t>(a.data(), a.data() + a.size());
+}
+
+WindowOptions window_options(std::int64_t window, const std::string& dtype, const std::string& bounds, const std::string& mode,
+                             std::size_t threads, std::size_t max_header_size, bool memory) {
+  WindowOptions o;
+  o.window = window;
+  if (dtype == "float32") o.out_size = 4;
+  else if (dtype == "float64") o.out_size = 8;
+  else throw InvalidArgument("dtype must be float32 or float64, not '" + dtype + "'");
+  o.bounds = parse_bounds(bounds);
+  o.mode = memory ? ReadMode::kMmap : parse_read_mode(mode);
+  o.threads = std::max<std::size_t>(threads, 1);
+  o.max_header_size = max_header_size;
+  o.memory = memory;
+  return o;
+}
+
+class PyBatchStream {
+ public:
+  PyBatchStream(std::shared_ptr<WindowSource> source, std::vector<std::int64_t> order, std::size_t batch_size,
+                bool drop_remainder, std::size_t prefetch, std::size_t start_batch)
+      : source_(source), stream_(std::make_unique<BatchStream>(std::move(source), std::move(order), batch_size, drop_remainder,
+                                                               prefetch, start_batch)) {}
+  ~PyBatchStream() {
+    py::gil_scoped_release release;
+    stream_.reset();
+  }
+  py::tuple next() {
+    if (!stream_) throw py::stop_iteration();
+    std::shared_ptr<Job> job;
+    {
+      py::gil_scoped_release release;
+      job = stream_->next_job();
+    }
+    if (!job) throw py::stop_iteration();
+    wait_interruptibly(*job);
+    BatchStream::Batch batch;
+    {
+      py::gil_scoped_release release;
+      batch = stream_->take();
+    }
+    const std::uint32_t out = source_->options().out_size;
+    return py::make_tuple(wrap_batch(batch.x, batch.count, source_->x_shape(), out),
+                          wrap_batch(batch.y, batch.count, source_->y_shape(), out));
+  }
+  void close() {
+    py::gil_scoped_release release;
+    if (stream_) stream_->close();
+  }
+  std::size_t num_batches() const { return stream_ ? stream_->num_batches() : 0; }
+
+ private:
+  std::shared_ptr<WindowSource> source_;
+  std::unique_ptr<BatchStream> stream_;
+};
+
+std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::vector<std::string>& factor_paths,
+                                                const std::vector<std::string>& label_paths, std::int64_t window,
+                                                const std::string& dtype, const std::string& bounds, const std::string& mode,
+                                                std::size_t threads, std::size_t max_header_size) {
+  auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size, false));
+  std::shared_ptr<Job> job;
+  {
+    py::gil_scoped_release release;
+    job = source->start_open(shared_pool(source->options().threads), factor_paths, label_paths);
+  }
+  wait_interruptibly(*job);
+  {
+    py::gil_scoped_release release;
+    source->finish_open();
+  }
+  return source;
+}
+
+std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, const std::vector<py::array>& factors,
+                                                        const std::vector<py::array>& labels, std::int64_t window,
+                                                        const std::string& dtype, const std::string& bounds, std::size_t threads) {
+  auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, "mmap", threads, kDefaultMaxHeaderSize, true));
+  if (factors.size() != index.keys.size() || labels.size() != index.keys.size()) {
+    throw InvalidArgument("one factor and one label array per key are needed");
+  }
+  for (std::size_t k = 0; k < index.keys.size(); ++k) {
+    for (int which = 0; which < 2; ++which) {
+      const py::array& a = which == 0 ? factors[k] : labels[k];
+      if (!(a.flags() & py::array::c_style)) throw InvalidArgument("arrays must be C-contiguous (the caller makes them so)");
+      std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
+      std::string typestr = a.dtype().attr("str").cast<std::string>();
+      source->set_memory_source(k, which == 1, static_cast<const std::byte*>(a.data()), shape, typestr);
+    }
+  }
+  source->finish_open();
+  return source;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -208,4 +319,85 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("load_many", &load_many, py::arg("paths"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"),
         py::arg("populate"), py::arg("progress") = nullptr);
+
+  py::class_<SampleIndex>(m, "SampleIndex")
+      .def("__len__", &SampleIndex::size)
+      .def_property_readonly("keys", [](const SampleIndex& i) { return i.keys; })
+      .def_property_readonly("feature_index", [](const SampleIndex& i) { return py::array_t<std::int64_t>(i.feature_index.size(), i.feature_index.data()); })
+      .def_property_readonly("label_index", [](const SampleIndex& i) { return py::array_t<std::int64_t>(i.label_index.size(), i.label_index.data()); })
+      .def_property_readonly("key_id", [](const SampleIndex& i) {
+        py::array_t<std::int64_t> out(i.key_id.size());
+        std::copy(i.key_id.begin(), i.key_id.end(), out.mutable_data());
+        return out;
+      });
+
+  m.def(
+      "read_index_files",
+      [](const std::vector<std::string>& paths) {
+        py::gil_scoped_release release;
+        return read_index_files(paths);
+      },
+      py::arg("paths"));
+
+  m.def(
+      "index_from_columns",
+      [](const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& feature,
+         const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& label,
+         const std::vector<std::string>& keys, const std::string& name) {
+        if (feature.size() != label.size() || feature.size() != static_cast<py::ssize_t>(keys.size())) {
+          throw InvalidArgument("index columns differ in length");
+        }
+        SampleIndex index;
+        index.sources.push_back(name);
+        for (py::ssize_t i = 0; i < feature.size(); ++i) {
+          index.add(feature.data()[i], label.data()[i], keys[static_cast<std::size_t>(i)], 0, static_cast<std::uint64_t>(i + 1));
+        }
+        return index;
+      },
+      py::arg("feature_index"), py::arg("label_index"), py::arg("keys"), py::arg("name"));
+
+  py::class_<WindowSource, std::shared_ptr<WindowSource>>(m, "WindowSourceCore")
+      .def("__len__", &WindowSource::size)
+      .def_property_readonly("skipped", &WindowSource::skipped)
+      .def_property_readonly("x_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.x_shape())); })
+      .def_property_readonly("y_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.y_shape())); })
+      .def("describe", &WindowSource::describe)
+      .def("get", [](const std::shared_ptr<WindowSource>& s, const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& ids) {
+        std::vector<std::int64_t> v = int64_vector(ids);
+        const std::size_t n = v.size();
+        auto x = std::make_shared<AlignedBuffer>(n * s->x_sample_bytes());
+        auto y = std::make_shared<AlignedBuffer>(n * s->y_sample_bytes());
+        std::shared_ptr<Job> job = s->start_gather(shared_pool(s->options().threads), std::move(v), x->data(), y->data());
+        wait_interruptibly(*job);
+        return py::make_tuple(wrap_batch(x, n, s->x_shape(), s->options().out_size), wrap_batch(y, n, s->y_shape(), s->options().out_size));
+      })
+      .def("stream", [](const std::shared_ptr<WindowSource>& s, const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& order,
+                        std::size_t batch_size, bool drop_remainder, std::size_t prefetch, std::size_t start_batch) {
+        std::vector<std::int64_t> v = int64_vector(order);
+        for (std::int64_t id : v) {
+          if (id < 0 || static_cast<std::size_t>(id) >= s->size()) throw IndexOutOfRange("sample id " + std::to_string(id) + " out of range");
+        }
+        return std::make_unique<PyBatchStream>(s, std::move(v), batch_size, drop_remainder, prefetch, start_batch);
+      });
+
+  py::class_<PyBatchStream>(m, "BatchStream")
+      .def("__next__", &PyBatchStream::next)
+      .def("close", &PyBatchStream::close)
+      .def_property_readonly("num_batches", &PyBatchStream::num_batches);
+
+  m.def("open_window_files", &open_window_files, py::arg("index"), py::arg("factor_paths"), py::arg("label_paths"),
+        py::arg("window"), py::arg("dtype"), py::arg("bounds"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"));
+  m.def("window_source_from_arrays", &window_source_from_arrays, py::arg("index"), py::arg("factors"), py::arg("labels"),
+        py::arg("window"), py::arg("dtype"), py::arg("bounds"), py::arg("threads"));
+  m.def(
+      "epoch_permutation",
+      [](std::size_t n, std::uint64_t seed, std::uint64_t epoch) {
+        std::vector<std::int64_t> order;
+        {
+          py::gil_scoped_release release;
+          order = epoch_permutation(n, seed, epoch);
+        }
+        return py::array_t<std::int64_t>(order.size(), order.data());
+      },
+      py::arg("n"), py::arg("seed"), py::arg("epoch"));
 }

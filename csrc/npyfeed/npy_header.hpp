@@ -52,6 +52,7 @@ std::uint64_t npy_header_end(std::span<const std::byte> prefix, std::size_t max_
 NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::size_t max_header_size = kDefaultMaxHeaderSize);
 
 /// Itemsize of a descr value (typestr or list of fields). Throws NpyFormatError for what np.load refuses.
-std::uint64_t descr_itemsize(const detail::PyLiteral& descr);
+/// When `scalar` is given and descr is a plain numeric typestr, it is filled in.
+std::uint64_t descr_itemsize(const detail::PyLiteral& descr, ScalarType* scalar = nullptr);
 
 }  // namespace npyfeed

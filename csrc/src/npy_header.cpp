@@ -227,7 +227,7 @@ std::uint64_t descr_itemsize_impl(const PyLiteral& descr, ScalarType* scalar, in
 
 }  // namespace
 
-std::uint64_t descr_itemsize(const PyLiteral& descr) { return descr_itemsize_impl(descr, nullptr, 0); }
+std::uint64_t descr_itemsize(const PyLiteral& descr, ScalarType* scalar) { return descr_itemsize_impl(descr, scalar, 0); }
 
 std::uint64_t npy_header_end(std::span<const std::byte> prefix, std::size_t max_header_size) {
   Preamble p = read_preamble(prefix, max_header_size);

@@ -2,8 +2,18 @@
 
 from ._core import NpyFormatError
 from .loading import MODES, Header, load, load_factor_files, load_many, read_header
+from .windows import BOUNDS, BatchIterator, WindowSource
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # `npyfeed.tf` imports TensorFlow, so it is loaded only when asked for.
+    if name == "tf":
+        import importlib
+
+        return importlib.import_module(".tf", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "NpyFormatError",
@@ -13,5 +23,8 @@ __all__ = [
     "load",
     "load_many",
     "load_factor_files",
+    "WindowSource",
+    "BatchIterator",
+    "BOUNDS",
     "__version__",
 ]

@@ -1,0 +1,320 @@
+"""Window samples: an index of (feature_index, label_index, key) lines over per-key factor and label arrays.
+
+Sample ``i`` is ``factor[key][feature_index - W + 1 : feature_index + 1]`` (W rows) and
+``label[key][label_index]``, converted to ``dtype``. Batches are gathered in C++ (GIL released) into one
+contiguous, 64-byte-aligned buffer per batch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from . import _core
+from ._threads import resolve_threads
+from .loading import _check_mode, _fspath
+
+__all__ = ["WindowSource", "BatchIterator", "BOUNDS"]
+
+#: Policies for windows or label rows outside their arrays.
+BOUNDS = ("error", "skip", "pad")
+
+
+def _index_paths(index_files) -> list:
+    if isinstance(index_files, (str, bytes, os.PathLike)):
+        index_files = [index_files]
+    paths = [_fspath(p) for p in index_files]
+    if not paths:
+        raise ValueError("no index files given")
+    return paths
+
+
+def _check_common(window, dtype, bounds):
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    if bounds not in BOUNDS:
+        raise ValueError(f"bounds must be one of {BOUNDS}, got {bounds!r}")
+    return int(window), dtype
+
+
+class WindowSource:
+    """Window samples over per-key `.npy` files (or arrays), gathered in C++.
+
+    Parameters
+    ----------
+    index_files : str, os.PathLike or sequence of them
+        Text files of ``feature_index,label_index,key`` lines (blank lines and spaces are tolerated).
+    factor_dir, label_dir : str or os.PathLike
+        Key ``k`` reads ``<factor_dir>/<k>.npy`` (shape ``(T, F...)``) and ``<label_dir>/<k>.npy``
+        (shape ``(T_label, L...)``).
+    window : int
+        Rows per sample, W.
+    mode : {"auto", "mmap", "read", "direct"}
+        How the gather reads the files. ``"auto"`` is ``"mmap"``: zero-copy from the page cache, which all
+        processes on the machine share. ``"read"`` and ``"direct"`` read only the rows a batch needs.
+    threads : int, optional
+        Gather threads (default ``NPYFEED_THREADS`` or the CPUs this process may use).
+    dtype : {"float32", "float64"}
+        Output element type; sources of any bool/int/float16/32/64 type are converted on the way.
+    bounds : {"error", "skip", "pad"}
+        Windows starting before row 0 or ending past the last row, and label rows outside the label array:
+        raise ``IndexError`` naming file, line, key and rows (default), drop them (see `skipped`), or read
+        the missing rows as zeros.
+    max_header_size : int
+        Largest `.npy` header accepted.
+
+    Raises
+    ------
+    FileNotFoundError
+        Keys whose factor or label file is missing (the first few are listed).
+    ValueError
+        A malformed index line (file and line named), files whose row shapes differ, bad arguments.
+    IndexError
+        With ``bounds="error"``, the first sample outside its arrays.
+    NpyFormatError, OSError
+        A corrupt or unreadable data file.
+    """
+
+    def __init__(self, index_files, factor_dir, label_dir, window: int, *, mode: str = "auto",
+                 threads: int | None = None, dtype="float32", bounds: str = "error", max_header_size: int = 10000):
+        window, out_dtype = _check_common(window, dtype, bounds)
+        core_mode = "mmap" if mode == "auto" else _check_mode(mode)
+        nthreads = resolve_threads(threads)
+        index = _core.read_index_files(_index_paths(index_files))
+        factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
+        keys = index.keys
+        factor_paths = [os.path.join(factor_dir, k + ".npy") for k in keys]
+        label_paths = [os.path.join(label_dir, k + ".npy") for k in keys]
+        core = _core.open_window_files(index, factor_paths, label_paths, window, out_dtype.name, bounds, core_mode,
+                                       nthreads, max_header_size)
+        self._init(core, index, window, out_dtype, core_mode, nthreads, arrays=None)
+
+    @classmethod
+    def from_arrays(cls, index, factors: Mapping, labels: Mapping, window: int, *, threads: int | None = None,
+                    dtype="float32", bounds: str = "error") -> "WindowSource":
+        """Window samples over arrays already in memory, e.g. the dict from `load_factor_files`.
+
+        Parameters
+        ----------
+        index : path(s) of index files, or a sequence of ``(feature_index, label_index, key)`` tuples
+        factors, labels : mapping of key -> numpy.ndarray
+            Arrays are used in place when C-contiguous (otherwise a contiguous copy is made once).
+        window, threads, dtype, bounds
+            As for `WindowSource`.
+        """
+        window, out_dtype = _check_common(window, dtype, bounds)
+        nthreads = resolve_threads(threads)
+        if isinstance(index, (str, bytes, os.PathLike)) or (
+                isinstance(index, Sequence) and index and isinstance(index[0], (str, bytes, os.PathLike))):
+            core_index = _core.read_index_files(_index_paths(index))
+        else:
+            core_index = _index_from_tuples(index)
+        keys = core_index.keys
+        missing = [k for k in keys if k not in factors or k not in labels]
+        if missing:
+            shown = ", ".join(repr(k) for k in missing[:5])
+            raise KeyError(f"{len(missing)} of {len(keys)} keys have no factor or label array: {shown}"
+                           + (", ..." if len(missing) > 5 else ""))
+        factor_arrays = [np.ascontiguousarray(factors[k]) for k in keys]
+        label_arrays = [np.ascontiguousarray(labels[k]) for k in keys]
+        core = _core.window_source_from_arrays(core_index, factor_arrays, label_arrays, window, out_dtype.name,
+                                               bounds, nthreads)
+        self = cls.__new__(cls)
+        # The core reads these arrays in place: keep them alive as long as the source (and its iterators).
+        self._init(core, core_index, window, out_dtype, "memory", nthreads, arrays=(factor_arrays, label_arrays))
+        return self
+
+    def _init(self, core, index, window, dtype, mode, threads, arrays):
+        self._core = core
+        self._index = index
+        self._arrays = arrays
+        self.window = window
+        self.dtype = dtype
+        self.mode = mode
+        self.threads = threads
+
+    # -- description ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._core)
+
+    @property
+    def keys(self) -> list:
+        """Distinct keys, in order of first appearance in the index."""
+        return list(self._index.keys)
+
+    @property
+    def skipped(self) -> int:
+        """Samples dropped by ``bounds="skip"``."""
+        return self._core.skipped
+
+    @property
+    def x_shape(self) -> tuple:
+        """Shape of one sample's features: ``(W, F, ...)``."""
+        return tuple(self._core.x_shape)
+
+    @property
+    def y_shape(self) -> tuple:
+        """Shape of one sample's label: ``(L, ...)`` (``()`` for 1-d label files)."""
+        return tuple(self._core.y_shape)
+
+    def describe(self, sample: int) -> str:
+        """Where sample `sample` comes from: index file, line, key, feature and label index."""
+        return self._core.describe(int(sample))
+
+    def __repr__(self) -> str:
+        return (f"WindowSource({len(self)} samples, {len(self._index.keys)} keys, x {self.x_shape}, y {self.y_shape}, "
+                f"{self.dtype}, mode={self.mode!r})")
+
+    # -- access --------------------------------------------------------------------------------------
+    def get(self, sample_ids) -> tuple:
+        """Gather the given samples: ``x`` of shape ``(B, *x_shape)``, ``y`` of shape ``(B, *y_shape)``.
+
+        Raises ``IndexError`` for ids outside ``[0, len(self))``.
+        """
+        ids = np.asarray(sample_ids)
+        if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
+            raise TypeError("sample_ids must be a 1-d sequence of integers")
+        return self._core.get(ids.astype(np.int64, copy=False))
+
+    def epoch_order(self, epoch: int = 0, *, shuffle: bool = False, seed: int = 0, num_shards: int = 1,
+                    shard_index: int = 0) -> np.ndarray:
+        """Sample ids of one epoch for one shard, in the order `batches` yields them.
+
+        Shuffling is a seeded permutation of all samples per epoch (the same on any machine for the same
+        ``seed``, ``epoch`` and number of samples); shard ``i`` of ``n`` then takes every n-th id starting at
+        ``i``, so shards are disjoint and together cover the epoch exactly once.
+        """
+        _check_shards(num_shards, shard_index)
+        n = len(self)
+        if shuffle:
+            order = _core.epoch_permutation(n, _as_u64(seed, "seed"), _as_u64(epoch, "epoch"))
+        else:
+            order = np.arange(n, dtype=np.int64)
+        return order[shard_index::num_shards]
+
+    def num_batches(self, batch_size: int, *, num_shards: int = 1, shard_index: int = 0,
+                    drop_remainder: bool = False) -> int:
+        """Batches per epoch for one shard."""
+        _check_batch_size(batch_size)
+        _check_shards(num_shards, shard_index)
+        n = len(range(shard_index, len(self), num_shards))
+        return n // batch_size if drop_remainder else -(-n // batch_size)
+
+    def batches(self, batch_size: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0, num_shards: int = 1,
+                shard_index: int = 0, drop_remainder: bool = False, prefetch: int = 2,
+                start_batch: int = 0) -> "BatchIterator":
+        """Iterate over one epoch as ``(x, y)`` numpy batches, gathered ahead in C++.
+
+        Parameters
+        ----------
+        batch_size : int
+        shuffle, seed, epoch
+            See `epoch_order`.
+        num_shards, shard_index
+            This iterator's part of the epoch (e.g. one per worker).
+        drop_remainder : bool
+            Drop a last, smaller batch.
+        prefetch : int
+            Batches gathered ahead in the background (at least 1).
+        start_batch : int
+            Resume at this batch of the epoch (a restarted job does not replay data).
+
+        Returns
+        -------
+        BatchIterator
+            Each batch owns its memory; buffers are reused only after every reference to a batch is gone.
+        """
+        _check_batch_size(batch_size)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 1:
+            raise ValueError(f"prefetch must be a positive integer, got {prefetch!r}")
+        total = self.num_batches(batch_size, num_shards=num_shards, shard_index=shard_index,
+                                 drop_remainder=drop_remainder)
+        if isinstance(start_batch, bool) or not isinstance(start_batch, (int, np.integer)) or not 0 <= start_batch <= total:
+            raise ValueError(f"start_batch must be in [0, {total}], got {start_batch!r}")
+        order = self.epoch_order(epoch, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index)
+        stream = self._core.stream(order, int(batch_size), bool(drop_remainder), int(prefetch), int(start_batch))
+        return BatchIterator(self, stream, total - int(start_batch))
+
+
+class BatchIterator(Iterator):
+    """Iterator over ``(x, y)`` batches; ``close()`` (or leaving a ``with`` block) cancels the read-ahead."""
+
+    def __init__(self, source: WindowSource, stream, remaining: int):
+        self._source = source  # keeps in-memory arrays alive while batches are gathered
+        self._stream = stream
+        self._remaining = remaining
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple:
+        if self._stream is None:
+            raise StopIteration
+        try:
+            batch = self._stream.__next__()
+        except StopIteration:
+            self.close()
+            raise
+        self._remaining -= 1
+        return batch
+
+    def __len__(self) -> int:
+        return max(self._remaining, 0)
+
+    def close(self) -> None:
+        """Cancel the read-ahead and wait for gathers in flight (GIL released). Idempotent."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _index_from_tuples(index) -> object:
+    rows = list(index)
+    if not rows:
+        raise ValueError("the index is empty")
+    try:
+        features, labels, keys = zip(*rows)
+    except (TypeError, ValueError):
+        raise ValueError("index entries must be (feature_index, label_index, key) tuples") from None
+    feature_arr = np.asarray(features)
+    label_arr = np.asarray(labels)
+    for name, arr in (("feature_index", feature_arr), ("label_index", label_arr)):
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"{name} values must be integers")
+    return _core.index_from_columns(feature_arr.astype(np.int64), label_arr.astype(np.int64),
+                                    [str(k) for k in keys], "<index list>")
+
+
+def _check_batch_size(batch_size) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+
+
+def _check_shards(num_shards, shard_index) -> None:
+    if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
+        raise ValueError(f"num_shards must be a positive integer, got {num_shards!r}")
+    if isinstance(shard_index, bool) or not isinstance(shard_index, (int, np.integer)) or not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index!r}")
+
+
+def _as_u64(value, name) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**64:
+        raise ValueError(f"{name} must be an integer in [0, 2**64), got {value!r}")
+    return int(value)
