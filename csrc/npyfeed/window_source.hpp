@@ -96,6 +96,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   void open_key(std::size_t key, const std::string& factor_path, const std::string& label_path);
   ArraySource open_file(const std::string& path, bool keep_fd);
   void gather_key(const GatherPlan& plan, std::size_t group) const;
+  void read_rows_into(const ArraySource& source, std::int64_t first, std::int64_t last, std::byte* dest) const;
   const std::byte* fetch_rows(const ArraySource& source, std::int64_t first, std::int64_t last, std::vector<std::byte>& scratch) const;
 
   SampleIndex index_;

@@ -350,6 +350,19 @@ const std::byte* WindowSource::fetch_rows(const ArraySource& source, std::int64_
   return dest;
 }
 
+void WindowSource::read_rows_into(const ArraySource& source, std::int64_t first, std::int64_t last, std::byte* dest) const {
+  const std::uint64_t row_bytes = source.row_elems() * source.header.itemsize;
+  const std::uint64_t offset = source.header.data_offset + static_cast<std::uint64_t>(first) * row_bytes;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(last - first) * row_bytes;
+  if (source.file.is_open()) {
+    source.file.read_exact(dest, bytes, offset);
+    return;
+  }
+  File reopened = File::open(source.name);
+  if (!(reopened.identity() == source.identity)) throw OsError(ESTALE, source.name, "file replaced while reading");
+  reopened.read_exact(dest, bytes, offset);
+}
+
 namespace {
 
 template <class Out>
@@ -395,6 +408,16 @@ void WindowSource::gather_key(const GatherPlan& plan, std::size_t group) const {
         if (static_cast<std::uint64_t>(std::max<std::int64_t>(s0 - r1, 0)) * src_row_bytes > gap_limit) break;
         if (static_cast<std::uint64_t>(std::max(r1, s1) - r0) * src_row_bytes > span_limit) break;
         r1 = std::max(r1, s1);
+      }
+      // One window, stored exactly as the output wants it, read with pread: read it straight into place.
+      const ScalarType& st = factor.header.scalar;
+      if (j == i + 1 && options_.mode == ReadMode::kRead && factor.memory == nullptr && !factor.header.fortran_order &&
+          st.kind == 'f' && st.size == options_.out_size && !st.swapped && r1 - r0 == window_) {
+        const std::uint32_t pos = plan.order[i];
+        std::byte* out = plan.x + static_cast<std::uint64_t>(pos) * static_cast<std::uint64_t>(window_) * x_row_out;
+        read_rows_into(factor, r0, r1, out);
+        i = j;
+        continue;
       }
       const std::byte* rows_data = r1 > r0 ? fetch_rows(factor, r0, r1, transpose_scratch) : nullptr;
       for (std::size_t k = i; k < j; ++k) {
