@@ -34,12 +34,18 @@ class Job {
   std::size_t items_done() const noexcept { return items_done_.load(std::memory_order_relaxed); }
   /// Extra progress counter that work items may bump (bytes read).
   std::atomic<std::uint64_t>& progress() noexcept { return progress_; }
+  /// True in a child process forked after the job started: its workers do not exist there, so the job
+  /// can never finish. Waiting on such a job throws instead of hanging.
+  bool orphaned() const noexcept;
 
  private:
   friend class ThreadPool;
   void run_items();  // one runner: pull items until none are left
 
+  void throw_if_orphaned() const;
+
   std::size_t count_;
+  int pid_;
   std::function<void(std::size_t)> fn_;
   std::atomic<std::size_t> next_{0};
   std::atomic<std::size_t> items_done_{0};

@@ -1,5 +1,6 @@
 #include "npyfeed/thread_pool.hpp"
 
+#include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -7,7 +8,16 @@
 
 namespace npyfeed {
 
-Job::Job(std::size_t count, std::function<void(std::size_t)> fn) : count_(count), fn_(std::move(fn)) {}
+Job::Job(std::size_t count, std::function<void(std::size_t)> fn) : count_(count), pid_(::getpid()), fn_(std::move(fn)) {}
+
+bool Job::orphaned() const noexcept { return ::getpid() != pid_; }
+
+void Job::throw_if_orphaned() const {
+  if (orphaned()) {
+    throw InvalidArgument("this npyfeed job was started before fork() and cannot finish in the child process; "
+                          "create iterators after forking");
+  }
+}
 
 void Job::run_items() {
   while (!cancelled()) {
@@ -27,16 +37,19 @@ void Job::run_items() {
 }
 
 bool Job::done() {
+  throw_if_orphaned();
   std::lock_guard lock(mutex_);
   return runners_left_ == 0;
 }
 
 bool Job::wait_for(std::chrono::milliseconds timeout) {
+  throw_if_orphaned();
   std::unique_lock lock(mutex_);
   return finished_.wait_for(lock, timeout, [this] { return runners_left_ == 0; });
 }
 
 void Job::wait() {
+  throw_if_orphaned();
   {
     std::unique_lock lock(mutex_);
     finished_.wait(lock, [this] { return runners_left_ == 0; });
@@ -114,6 +127,15 @@ namespace {
 std::mutex g_pool_mutex;
 ThreadPool* g_pool = nullptr;
 pid_t g_pool_pid = 0;
+
+// fork() while another thread holds g_pool_mutex would leave it locked forever in the child: hold it
+// across fork so that both sides start with it free.
+void lock_before_fork() { g_pool_mutex.lock(); }
+void unlock_after_fork() { g_pool_mutex.unlock(); }
+const bool g_atfork_registered = [] {
+  pthread_atfork(lock_before_fork, unlock_after_fork, unlock_after_fork);
+  return true;
+}();
 }  // namespace
 
 ThreadPool& shared_pool(std::size_t threads) {

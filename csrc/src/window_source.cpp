@@ -593,6 +593,7 @@ void BatchStream::close() {
   closed_ = true;
   for (auto& p : pending_) p.job->cancel();
   for (auto& p : pending_) {
+    if (p.job->orphaned()) continue;  // forked child: the workers, and so the job, do not exist here
     try {
       p.job->wait();
     } catch (...) {
