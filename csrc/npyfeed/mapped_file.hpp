@@ -20,7 +20,8 @@ class MappedFile {
   const std::byte* data() const noexcept { return data_; }
   std::uint64_t size() const noexcept { return size_; }
   /// Faults in [offset, offset + length) now (MADV_POPULATE_READ, or touching each page on old kernels),
-  /// so that later reads never wait on the disk.
+  /// so that later reads never wait on the disk. Throws NpyFormatError (without a path) where the file has
+  /// shrunk below the range since it was mapped.
   void populate(std::uint64_t offset, std::uint64_t length) const;
 
  private:

@@ -92,6 +92,15 @@ void read_range(const File& file, ReadMode mode, std::size_t align, std::byte* d
   file.read_exact(dest, end - begin, begin);
 }
 
+// MappedFile::populate does not know the path: name the file in its error.
+void populate(const MappedFile& mapping, const std::string& path, std::uint64_t offset, std::uint64_t length) {
+  try {
+    mapping.populate(offset, length);
+  } catch (const NpyFormatError& e) {
+    throw e.with_path(path);
+  }
+}
+
 File open_for_mode(const std::string& path, ReadMode mode, std::atomic<bool>& refused) {
   if (mode == ReadMode::kDirect && !refused.load()) {
     try {
@@ -125,7 +134,7 @@ void ManyLoad::load_header_and_small(std::size_t i) {
     result.writable = false;
     if (options_.populate) {
       if (small) {
-        state->mapping->populate(begin, header.nbytes);
+        populate(*state->mapping, path, begin, header.nbytes);
         bytes_done_->fetch_add(header.nbytes);
       } else {
         std::lock_guard lock(chunks_mutex_);
@@ -182,7 +191,7 @@ void ManyLoad::load_chunk(const Chunk& chunk) {
   FileState& state = *states_[chunk.file];
   const LoadedArray& result = results_[chunk.file];
   if (options_.mode == ReadMode::kMmap) {
-    state.mapping->populate(chunk.begin, chunk.end - chunk.begin);
+    populate(*state.mapping, result.path, chunk.begin, chunk.end - chunk.begin);
   } else {
     File file = open_for_mode(result.path, options_.mode, state.direct_refused);
     if (!(file.identity() == state.identity)) throw OsError(ESTALE, result.path, "file replaced while loading");

@@ -30,7 +30,14 @@ void MappedFile::populate(std::uint64_t offset, std::uint64_t length) const {
   std::uint64_t start = offset / page * page;
   std::uint64_t end = offset + length;
   if (::madvise(const_cast<std::byte*>(data_) + start, end - start, MADV_POPULATE_READ) == 0) return;
-  // Older kernels: touch one byte per page.
+  if (errno == EFAULT) {
+    // A page cannot be read: the file shrank after it was mapped (or the device failed). Touching it
+    // would raise SIGBUS, so report it instead.
+    throw NpyFormatError("", offset,
+                         "cannot read bytes " + std::to_string(offset) + " to " + std::to_string(end) +
+                             " of the mapping: the file shrank after it was opened (truncated while loading)");
+  }
+  // Older kernels (EINVAL): touch one byte per page.
   volatile std::byte sink{};
   for (std::uint64_t at = start; at < end; at += page) sink = data_[at];
   (void)sink;
