@@ -125,7 +125,8 @@ bool parse_typestr(std::string_view s, TypeStr& out) {
   if (i >= s.size() || s[i] < '0' || s[i] > '9') {
     // A bare kind letter: only the ones with an implied size.
     if (i != s.size()) return false;
-    if (out.kind == '?' || out.kind == 'b') { out.kind = 'b'; out.size = 1; return true; }
+    if (out.kind == '?') { out.kind = 'b'; out.size = 1; return true; }
+    if (out.kind == 'b') { out.kind = 'i'; out.size = 1; return true; }  // numpy: 'b' is int8, 'b1' is bool
     return false;
   }
   std::uint64_t n = 0;
@@ -150,10 +151,8 @@ std::uint64_t typestr_itemsize(std::string_view s, ScalarType* scalar) {
   auto bad = [&]() { fail(0, "unsupported dtype descr '" + std::string(s) + "'"); };
   std::uint64_t itemsize = t.size;
   switch (t.kind) {
-    case 'b':
-    case '?':
+    case 'b':  // 'b1' (a bare '?' arrives here as 'b1'; numpy refuses '?1')
       if (t.size != 1) bad();
-      t.kind = 'b';
       break;
     case 'i':
     case 'u':
@@ -208,12 +207,12 @@ std::uint64_t descr_itemsize_impl(const PyLiteral& descr, ScalarType* scalar, in
     std::uint64_t size = descr_itemsize_impl(field.items[1], nullptr, depth + 1);
     if (field.items.size() == 3) {
       const PyLiteral& sub = field.items[2];
-      if (sub.is_int_like()) {
+      if (sub.kind == PyLiteral::Kind::kInt) {
         if (sub.as_int() < 0) fail(0, "negative subarray shape in descr");
         size = detail::checked_mul(size, static_cast<std::uint64_t>(sub.as_int()), overflow);
       } else if (sub.kind == PyLiteral::Kind::kTuple) {
         for (const PyLiteral& d : sub.items) {
-          if (!d.is_int_like() || d.as_int() < 0) fail(0, "bad subarray shape in descr");
+          if (d.kind != PyLiteral::Kind::kInt || d.as_int() < 0) fail(0, "bad subarray shape in descr");
           size = detail::checked_mul(size, static_cast<std::uint64_t>(d.as_int()), overflow);
         }
       } else {
@@ -284,7 +283,8 @@ NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::size_t max_hea
   std::uint64_t count = 1;
   bool zero = false;
   for (const PyLiteral& d : shape->items) {
-    if (!d.is_int_like()) fail(p.size, "'shape' is not a tuple of integers");
+    // Not bools: np.load accepts them in the header, then reshape refuses them.
+    if (d.kind != PyLiteral::Kind::kInt) fail(p.size, "'shape' is not a tuple of integers");
     if (d.as_int() < 0) fail(p.size, "negative dimension " + std::to_string(d.as_int()) + " in shape");
     h.shape.push_back(d.as_int());
     if (d.as_int() == 0) zero = true;

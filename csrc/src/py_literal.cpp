@@ -29,16 +29,25 @@ class Parser {
   void skip_space() {
     while (!at_end()) {
       char c = text_[pos_];
-      if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v') {
+      // Not '\v': Python's tokenizer refuses it.
+      if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f') {
         ++pos_;
       } else if (c == '#') {
         while (!at_end() && text_[pos_] != '\n' && text_[pos_] != '\r') ++pos_;
-      } else if (c == '\\' && pos_ + 1 < text_.size() && (text_[pos_ + 1] == '\n' || text_[pos_ + 1] == '\r')) {
-        pos_ += 2;
+      } else if (c == '\\' && continuation_length() > 0) {
+        pos_ += continuation_length();
       } else {
         break;
       }
     }
+  }
+
+  // Length of a backslash-newline at pos_, or 0. Python refuses one that ends the text.
+  std::size_t continuation_length() const {
+    std::size_t n = 1;
+    if (pos_ + n < text_.size() && text_[pos_ + n] == '\r') ++n;
+    if (pos_ + n < text_.size() && text_[pos_ + n] == '\n') ++n;
+    return n > 1 && pos_ + n < text_.size() ? n : 0;
   }
 
   PyLiteral parse_value(int depth) {
@@ -220,9 +229,9 @@ class Parser {
   }
 
   PyLiteral parse_int() {
-    bool negative = false;
-    while (peek() == '-' || peek() == '+') {  // Python allows repeated unary signs: --3 == 3
-      if (peek() == '-') negative = !negative;
+    // One sign at most: ast.literal_eval refuses --3 (an operator applied to an expression).
+    bool negative = peek() == '-';
+    if (peek() == '-' || peek() == '+') {
       ++pos_;
       skip_space();
     }
@@ -260,7 +269,7 @@ class Parser {
     }
     if (digits == 0 || last_underscore) fail("malformed integer");
     if (base == 10 && digits > 1 && text_[pos_ - digits] == '0' && magnitude != 0) fail("leading zeros are not allowed");
-    if (allow_long_suffix_ && (peek() == 'L' || peek() == 'l')) ++pos_;
+    if (allow_long_suffix_ && peek() == 'L') ++pos_;  // numpy's Python 2 filter drops 'L' only, not 'l'
     if (!at_end() && (std::isalnum(static_cast<unsigned char>(peek())) || peek() == '.' || peek() == '_')) {
       fail("numbers other than integers are not allowed here");
     }
