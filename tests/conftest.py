@@ -1,0 +1,72 @@
+"""Shared fixtures: writing `.npy` files, the `np.load` oracle, a tmpfs directory, the hypothesis profile."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import settings
+
+# Derandomised so that CI runs the same examples every time; no deadline because a load's first call
+# starts the thread pool.
+settings.register_profile("npyfeed", derandomize=True, max_examples=60, deadline=None, print_blob=True)
+settings.load_profile("npyfeed")
+
+
+def _write_npy(path, array: np.ndarray, version=(1, 0)) -> Path:
+    """Writes `array` to `path` as a `.npy` file of format `version`, the way ``np.save`` does."""
+    path = Path(path)
+    with open(path, "wb") as fp:
+        np.lib.format.write_array(fp, array, version=version, allow_pickle=False)
+    return path
+
+
+def _assert_same_as_np_load(actual: np.ndarray, path, *, expected: np.ndarray | None = None,
+                            check_aligned: bool = True) -> None:
+    """`actual` equals ``np.load(path)``: type, dtype (byte order, fields, offsets), shape, memory order, bytes.
+
+    `expected`: ``np.load(path)`` already loaded, to save loading it again.
+    """
+    if expected is None:
+        expected = np.load(path, allow_pickle=False)
+    assert type(actual) is np.ndarray
+    assert actual.dtype == expected.dtype
+    assert actual.dtype.str == expected.dtype.str  # byte order
+    assert actual.dtype.descr == expected.dtype.descr  # field names, offsets, padding
+    assert actual.shape == expected.shape
+    if expected.size > 0:  # numpy leaves the strides of zero-size arrays arbitrary
+        assert actual.strides == expected.strides
+    assert actual.flags.c_contiguous == expected.flags.c_contiguous
+    assert actual.flags.f_contiguous == expected.flags.f_contiguous
+    if check_aligned:
+        assert actual.flags.aligned
+    # Byte equality is exact for NaN payloads, padding bytes and unnamed void fields alike.
+    assert actual.tobytes(order="A") == expected.tobytes(order="A")
+    if expected.dtype.fields is None and expected.dtype.kind != "V":
+        np.testing.assert_array_equal(actual, expected, strict=True)
+
+
+@pytest.fixture(scope="session")
+def write_npy():
+    """``write_npy(path, array, version=(1, 0)) -> Path``."""
+    return _write_npy
+
+
+@pytest.fixture(scope="session")
+def assert_same_as_np_load():
+    """``assert_same_as_np_load(actual, path, *, expected=None, check_aligned=True)``."""
+    return _assert_same_as_np_load
+
+
+@pytest.fixture
+def shm_path():
+    """A fresh directory on tmpfs (``/dev/shm``), removed afterwards."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    path = Path(tempfile.mkdtemp(prefix="npyfeed-test-", dir="/dev/shm"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
