@@ -1,0 +1,557 @@
+"""Shared helpers for the npyfeed benchmarks (bench_load.py, bench_windows.py).
+
+Everything a benchmark needs besides the contenders themselves:
+
+* a data set in the users' layout (``<root>/<stock>/<split>/factor/<key>.npy`` of shape ``(T, F)``,
+  ``.../label/<key>.npy`` of shape ``(T, L)`` and ``.../index.txt`` with lines ``feature_index,label_index,key``),
+  generated once from a seeded RNG and reused while its parameters match;
+* page-cache control: eviction with ``posix_fadvise(DONTNEED)`` per file, warming, and a residency check;
+* the physical limits, measured in the same run: memory copy (1 and N threads, into recycled and into fresh
+  buffers) and the disk's O_DIRECT sequential and random read bandwidth, all without compiled code;
+* repeat timing (best and median), a plain-text table printer and JSON output.
+
+Units: GB = 1e9 bytes; bandwidths are bytes of array data per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import gc
+import json
+import mmap
+import os
+import platform
+import shutil
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+GB = 1e9
+PAGE = mmap.PAGESIZE
+DIRECT_ALIGN = 4096  # O_DIRECT alignment used by the limit probes (what every Linux block device accepts)
+BENCH_DIR = Path(__file__).resolve().parent
+DEFAULT_DATA_DIR = BENCH_DIR / "data"  # gitignored
+
+
+# --------------------------------------------------------------------------------------------- data set
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Parameters of a generated data set; equal specs give byte-identical files."""
+
+    files: int = 400
+    rows: int = 4800
+    cols: int = 256
+    dtype: str = "float32"
+    label_cols: int = 2
+    stocks: int = 4
+    split: str = "train"
+    window: int = 100  # index lines start at row window-1, so every window fits
+    index_stride: int = 1  # one index line every `index_stride` rows
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        """Folder name under the data directory, so data sets of different sizes coexist."""
+        return f"{self.files}x{self.rows}x{self.cols}-{np.dtype(self.dtype).name}"
+
+    @property
+    def factor_nbytes(self) -> int:
+        return self.files * self.rows * self.cols * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class DataSet:
+    """A generated data set: paths in key order (key ``k00000`` .. ``k<files-1>``)."""
+
+    root: Path
+    spec: DataSpec
+    keys: list
+    factor_paths: list
+    label_paths: list
+    index_paths: list  # one per (stock, split)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of factor array data (what a load of `factor_paths` moves)."""
+        return self.spec.factor_nbytes
+
+    def factor_dir(self, stock: str) -> Path:
+        return self.root / stock / self.spec.split / "factor"
+
+    def label_dir(self, stock: str) -> Path:
+        return self.root / stock / self.spec.split / "label"
+
+
+_MANIFEST = "manifest.json"
+
+
+def _layout(root: Path, spec: DataSpec) -> DataSet:
+    stocks = [f"S{s:03d}" for s in range(max(1, min(spec.stocks, spec.files)))]
+    keys, factors, labels = [], [], []
+    for i in range(spec.files):
+        stock = stocks[i % len(stocks)]
+        key = f"k{i:05d}"
+        keys.append(key)
+        factors.append(root / stock / spec.split / "factor" / f"{key}.npy")
+        labels.append(root / stock / spec.split / "label" / f"{key}.npy")
+    index = [root / s / spec.split / "index.txt" for s in stocks]
+    return DataSet(root, spec, keys, [str(p) for p in factors], [str(p) for p in labels], [str(p) for p in index])
+
+
+def _random_array(rng: np.random.Generator, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    if dtype.kind == "f":
+        return rng.standard_normal(shape, dtype=np.float32).astype(dtype, copy=False)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -1000), min(info.max, 1000), size=shape, dtype=dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    raise ValueError(f"unsupported benchmark dtype {dtype}")
+
+
+def _save_durably(path: Path, array: np.ndarray) -> None:
+    """np.save, then fsync (dirty pages cannot be evicted) and drop the file from the page cache."""
+    with open(path, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def make_dataset(parent: str | os.PathLike, spec: DataSpec, *, log: Callable[[str], None] = print) -> DataSet:
+    """Generate (or reuse) the data set `spec` in ``parent/spec.name``.
+
+    Reused when ``manifest.json`` there matches `spec` and every file exists. A folder is only ever deleted
+    when it holds a manifest of ours, so pointing ``--dir`` at the wrong place cannot destroy anything.
+    """
+    root = Path(parent) / spec.name
+    ds = _layout(root, spec)
+    manifest = root / _MANIFEST
+    all_files = ds.factor_paths + ds.label_paths + ds.index_paths
+    if manifest.is_file():
+        try:
+            same = json.loads(manifest.read_text()) == asdict(spec)
+        except ValueError:
+            same = False
+        if same and all(os.path.isfile(p) for p in all_files):
+            return ds
+        shutil.rmtree(root)
+    elif root.exists() and any(root.iterdir()):
+        raise FileExistsError(f"{root} exists, is not empty and holds no {_MANIFEST}; refusing to overwrite it")
+
+    dtype = np.dtype(spec.dtype)
+    log(f"generating {spec.files} files of ({spec.rows}, {spec.cols}) {dtype.name} "
+        f"({spec.factor_nbytes / GB:.2f} GB) in {root} ...")
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(spec.seed)
+    window = max(1, min(spec.window, spec.rows))
+    feature_rows = np.arange(window - 1, spec.rows, max(1, spec.index_stride))
+    index_lines: dict = {}
+    for key, factor, label in zip(ds.keys, ds.factor_paths, ds.label_paths):
+        Path(factor).parent.mkdir(parents=True, exist_ok=True)
+        Path(label).parent.mkdir(parents=True, exist_ok=True)
+        _save_durably(Path(factor), _random_array(rng, (spec.rows, spec.cols), dtype))
+        _save_durably(Path(label), _random_array(rng, (spec.rows, spec.label_cols), dtype))
+        lines = "".join(f"{r},{r},{key}\n" for r in feature_rows.tolist())
+        index_lines.setdefault(str(Path(factor).parent.parent / "index.txt"), []).append(lines)
+    for path in ds.index_paths:
+        with open(path, "w") as f:
+            f.write("".join(index_lines.get(path, [])))
+            f.flush()
+            os.fsync(f.fileno())
+    manifest.write_text(json.dumps(asdict(spec), indent=1))
+    log(f"  done in {time.perf_counter() - t0:.1f} s")
+    return ds
+
+
+# ----------------------------------------------------------------------------------------- page cache
+
+
+def evict(paths: Iterable[str]) -> None:
+    """Drop `paths` from the page cache. Pages still mapped by a live mapping stay: release arrays first."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def warm(paths: Iterable[str], chunk: int = 8 << 20) -> None:
+    """Read `paths` once so that they sit in the page cache."""
+    buf = bytearray(chunk)
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while os.readv(fd, [buf]) > 0:
+                pass
+        finally:
+            os.close(fd)
+
+
+_libc = None
+
+
+def _get_libc():
+    global _libc
+    if _libc is None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        _libc = libc
+    return _libc
+
+
+def cached_fraction(paths: Sequence[str]) -> float | None:
+    """Fraction of the pages of `paths` in the page cache (mincore), or None where that cannot be asked."""
+    try:
+        libc = _get_libc()
+    except OSError:
+        return None
+    cached = total = 0
+    for path in paths:
+        size = os.path.getsize(path)
+        if size == 0:
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                return None
+            try:
+                pages = (size + PAGE - 1) // PAGE
+                vec = (ctypes.c_ubyte * pages)()
+                if libc.mincore(addr, size, vec) != 0:
+                    return None
+                cached += int(np.frombuffer(vec, dtype=np.uint8).__and__(1).sum())
+                total += pages
+            finally:
+                libc.munmap(addr, size)
+        finally:
+            os.close(fd)
+    return cached / total if total else 0.0
+
+
+def fresh_pages_per_allocation() -> None:
+    """Make every large allocation of this process come fresh from the kernel (as in a new training process).
+
+    glibc raises its mmap threshold after the first large free, so later multi-MB arrays come from an already
+    faulted heap and page faults vanish from every repeat after the first. Fixing M_MMAP_THRESHOLD at 128 KiB
+    keeps each repeat honest: numpy's and npyfeed's buffers both pay their page faults every time.
+    """
+    try:
+        libc = _get_libc()
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+# --------------------------------------------------------------------------------------------- limits
+
+
+def _run_threads(threads: int, work: Callable[[int], None]) -> float:
+    """Run work(t) for t in range(threads) at once (released together by a barrier); wall seconds."""
+    barrier = threading.Barrier(threads + 1)
+    errors: list = []
+
+    def body(t: int) -> None:
+        barrier.wait()
+        try:
+            work(t)
+        except BaseException as e:  # re-raised in the caller
+            errors.append(e)
+
+    pool = [threading.Thread(target=body, args=(t,)) for t in range(threads)]
+    for th in pool:
+        th.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for th in pool:
+        th.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return elapsed
+
+
+def memcpy_bandwidth(threads: int, nbytes_per_thread: int = 256 << 20, repeats: int = 5) -> float:
+    """GB/s of `threads` threads each copying its own pre-faulted buffer (np.copyto releases the GIL).
+
+    This is the ceiling for anything that fills an owned array from memory (page cache or RAM): read + write.
+    """
+    n = max(1, nbytes_per_thread // 8)
+    src = [np.ones(n, dtype=np.float64) for _ in range(threads)]
+    dst = [np.zeros(n, dtype=np.float64) for _ in range(threads)]  # written: its pages are faulted in now
+    best = min(_run_threads(threads, lambda t: np.copyto(dst[t], src[t])) for _ in range(repeats))
+    return threads * n * 8 / best / GB
+
+
+def fresh_copy_bandwidth(threads: int, buffer_bytes: int, count: int, repeats: int = 3) -> float:
+    """GB/s copying `count` buffers of `buffer_bytes` into freshly allocated arrays, over `threads` threads.
+
+    What a loader that hands out new owned arrays pays at least: the copy plus the first-touch page faults of
+    each new buffer (zeroing, page-table updates). Call `fresh_pages_per_allocation` first for fresh pages.
+    """
+    n = max(1, buffer_bytes // 8)
+    src = np.ones(n, dtype=np.float64)
+    per_thread = [range(t, count, threads) for t in range(threads)]
+
+    def work(t: int) -> None:
+        keep = []
+        for _ in per_thread[t]:
+            out = np.empty(n, dtype=np.float64)
+            np.copyto(out, src)
+            keep.append(out)
+
+    best = min(_run_threads(threads, work) for _ in range(repeats))
+    return count * n * 8 / best / GB
+
+
+def _aligned_buffer(size: int) -> mmap.mmap:
+    """Anonymous mapping: page-aligned, as O_DIRECT wants."""
+    return mmap.mmap(-1, max(size, DIRECT_ALIGN))
+
+
+def _round_up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def odirect_seq_bandwidth(paths: Sequence[str], threads: int, chunk: int = 64 << 20) -> float | None:
+    """GB/s reading whole files with O_DIRECT (page cache bypassed), files shared among `threads` threads.
+
+    Each file is read front to back in requests of up to `chunk` bytes (a whole file per request for the
+    data set's files). Bytes counted are file bytes. None if the filesystem refuses O_DIRECT.
+    """
+    sizes = [os.path.getsize(p) for p in paths]
+    total = sum(sizes)
+    order = list(range(len(paths)))
+    lock = threading.Lock()
+    it = iter(order)
+    bufsize = min(chunk, _round_up(max(sizes, default=1), DIRECT_ALIGN))
+    bufs = [_aligned_buffer(bufsize) for _ in range(threads)]
+
+    def work(t: int) -> None:
+        view = memoryview(bufs[t])
+        while True:
+            with lock:
+                i = next(it, None)
+            if i is None:
+                return
+            fd = os.open(paths[i], os.O_RDONLY | os.O_DIRECT)
+            try:
+                offset, size = 0, sizes[i]
+                while offset < size:
+                    want = min(bufsize, _round_up(size - offset, DIRECT_ALIGN))
+                    got = os.preadv(fd, [view[:want]], offset)
+                    if got <= 0:
+                        break
+                    offset += got
+            finally:
+                os.close(fd)
+
+    try:
+        evict(paths)
+        elapsed = _run_threads(threads, work)
+    except OSError as e:
+        if e.errno == 22:  # EINVAL: no O_DIRECT here (tmpfs, some FUSE)
+            return None
+        raise
+    finally:
+        for b in bufs:
+            b.close()
+    return total / elapsed / GB
+
+
+@dataclass
+class RandomReadResult:
+    gbps: float
+    iops: float
+    block: int
+    reads: int
+    threads: int
+
+
+def odirect_random_bandwidth(paths: Sequence[str], threads: int, block: int = 100 * 1024, reads: int = 2000,
+                             seed: int = 0) -> RandomReadResult | None:
+    """O_DIRECT reads of `block` bytes (rounded up to 4 KiB) at seeded random aligned offsets of random files.
+
+    The disk's limit for a loader that reads windows instead of whole files. None if O_DIRECT is refused.
+    """
+    block = _round_up(block, DIRECT_ALIGN)
+    sizes = np.array([os.path.getsize(p) for p in paths])
+    usable = sizes // DIRECT_ALIGN * DIRECT_ALIGN - block
+    ok = np.flatnonzero(usable >= 0)
+    if len(ok) == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    files = ok[rng.integers(0, len(ok), size=reads)]
+    offsets = (rng.random(reads) * (usable[files] // DIRECT_ALIGN + 1)).astype(np.int64) * DIRECT_ALIGN
+    fds: list = []
+    bufs = [_aligned_buffer(block) for _ in range(threads)]
+    try:
+        fds = [os.open(p, os.O_RDONLY | os.O_DIRECT) for p in paths]
+        evict(paths)
+
+        def work(t: int) -> None:
+            view = memoryview(bufs[t])
+            for r in range(t, reads, threads):
+                os.preadv(fds[files[r]], [view], int(offsets[r]))
+
+        elapsed = _run_threads(threads, work)
+    except OSError as e:
+        if e.errno == 22:
+            return None
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+        for b in bufs:
+            b.close()
+    return RandomReadResult(reads * block / elapsed / GB, reads / elapsed, block, reads, threads)
+
+
+# --------------------------------------------------------------------------------------------- timing
+
+
+@dataclass
+class Timing:
+    """Wall (and process CPU) times of the repeats of one contender in one cache state."""
+
+    name: str
+    cache: str  # "warm" or "cold"
+    times: list = field(default_factory=list)
+    nbytes: int = 0
+    note: str = ""
+    threads: int = 1
+    cpu_times: list = field(default_factory=list)  # user+sys seconds of this process (all its threads)
+
+    @property
+    def best(self) -> float:
+        return min(self.times)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def gbps(self) -> float:
+        return self.nbytes / self.best / GB
+
+    @property
+    def cpu_best(self) -> float | None:
+        """CPU seconds of the repeat with the best wall time."""
+        return self.cpu_times[self.times.index(self.best)] if self.cpu_times else None
+
+
+def time_once(fn: Callable[[], object], before: Callable[[], None] | None = None) -> tuple:
+    """(wall seconds, process CPU seconds) of one call of `fn`; `before` runs untimed first.
+
+    The result of `fn` is held until the clocks stop and released afterwards, so freeing it is never timed.
+    CPU time counts every thread of this process (user + system): under contention from other processes it
+    still shows the work done, where wall time shows the wait too.
+    """
+    gc.collect()
+    if before is not None:
+        before()
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    result = fn()
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    del result
+    gc.collect()
+    return wall, cpu
+
+
+def time_repeats(fn: Callable[[], object], repeats: int, before: Callable[[], None] | None = None) -> list:
+    """Wall seconds of `repeats` calls of `fn`; `before` (e.g. eviction) runs untimed before each one.
+
+    The result of `fn` is held until the clock stops and released before the next repeat, so freeing it is
+    never timed and two results never coexist.
+    """
+    return [time_once(fn, before)[0] for _ in range(repeats)]
+
+
+def load_average() -> str:
+    """The 1-minute load average and the CPU count: a benchmark on a busy machine says so."""
+    try:
+        return f"{os.getloadavg()[0]:.1f} on {machine_info()['cpus']} CPUs"
+    except OSError:
+        return "unknown"
+
+
+# ---------------------------------------------------------------------------------------- output
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[object]], align: str | None = None) -> str:
+    """A plain-text table; `align` has one 'l' or 'r' per column (default: first left, rest right)."""
+    cells = [[str(c) for c in header]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    align = align or "l" + "r" * (len(header) - 1)
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, align)).rstrip()
+
+    out = [line(cells[0]), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in cells[1:]]
+    return "\n".join(out)
+
+
+def fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def machine_info() -> dict:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        mem = None
+    return {"cpus": cpus, "memory_bytes": mem, "kernel": platform.release(), "python": platform.python_version(),
+            "numpy": np.__version__}
+
+
+def write_json(path: str | os.PathLike, payload: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1, default=str)
+        f.write("\n")
+
+
+def add_data_args(parser: argparse.ArgumentParser, *, files: int, rows: int, cols: int, dtype: str) -> None:
+    """The flags every benchmark shares: data set size, location, threads, repeats, JSON, quick."""
+    g = parser.add_argument_group("data set")
+    g.add_argument("--files", type=int, default=files, help=f"number of factor files (default {files})")
+    g.add_argument("--rows", type=int, default=rows, help=f"rows T per file (default {rows})")
+    g.add_argument("--cols", type=int, default=cols, help=f"columns F per file (default {cols})")
+    g.add_argument("--dtype", default=dtype, help=f"dtype of the files (default {dtype})")
+    g.add_argument("--dir", default=str(DEFAULT_DATA_DIR),
+                   help="where data sets are generated and kept (default bench/data, gitignored)")
+    r = parser.add_argument_group("run")
+    r.add_argument("--threads", type=int, default=None,
+                   help="threads for npyfeed, the thread-pool baseline and the limits (default: CPUs available)")
+    r.add_argument("--repeats", type=int, default=3, help="timed repeats per contender and cache state (default 3)")
+    r.add_argument("--json", metavar="PATH", default=None, help="also write all results as JSON to PATH")
+    r.add_argument("--quick", action="store_true", help="tiny sizes and one repeat: a smoke test, not a measurement")
+
+
+def resolve_threads(threads: int | None) -> int:
+    if threads is not None:
+        if threads < 1:
+            raise SystemExit("--threads must be at least 1")
+        return threads
+    return machine_info()["cpus"]

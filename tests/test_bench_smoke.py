@@ -1,0 +1,35 @@
+"""Smoke runs of the benchmarks at tiny size, so that they do not rot. Not a measurement.
+
+bench_windows.py has its own smoke test (test_bench_windows_smoke.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+
+
+def run_bench(script: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(BENCH_DIR / script), "--quick", "--dir", str(tmp_path / "data"), *extra],
+        capture_output=True, text=True, timeout=120)
+
+
+def test_bench_load_quick(tmp_path):
+    out = tmp_path / "load.json"
+    proc = run_bench("bench_load.py", tmp_path, "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    header = [line for line in proc.stdout.splitlines() if line.startswith("contender")]
+    assert header and "GB/s" in header[0] and "x np.load loop" in header[0] and "x limit" in header[0], proc.stdout
+    assert "targets (issue 2" in proc.stdout
+    result = json.loads(out.read_text())
+    names = {(r["name"], r["cache"]) for r in result["results"]}
+    for mode in ("read", "direct", "mmap open", "mmap populate"):
+        assert {(f"npyfeed {mode}", "warm"), (f"npyfeed {mode}", "cold")} <= names
+    assert ("np.load loop", "cold") in names
+    assert {"memcpy_1", "odirect_seq"} <= set(result["limits_gbps"])
+    assert result["max_residency_after_evict"] < 0.5  # eviction worked: the cold rows were cold
