@@ -163,8 +163,14 @@ class WindowSource:
         return tuple(self._core.y_shape)
 
     def describe(self, sample: int) -> str:
-        """Where sample `sample` comes from: index file, line, key, feature and label index."""
-        return self._core.describe(int(sample))
+        """Where sample `sample` comes from: index file, line, key, feature and label index.
+
+        Raises ``IndexError`` for samples outside ``[0, len(self))``.
+        """
+        sample = int(sample)
+        if not 0 <= sample < len(self):
+            raise IndexError(f"sample {sample} out of range for {len(self)} samples")
+        return self._core.describe(sample)
 
     def __repr__(self) -> str:
         return (f"WindowSource({len(self)} samples, {len(self._index.keys)} keys, x {self.x_shape}, y {self.y_shape}, "
@@ -269,6 +275,7 @@ class BatchIterator(Iterator):
     def close(self) -> None:
         """Cancel the read-ahead and wait for gathers in flight (GIL released). Idempotent."""
         stream, self._stream = self._stream, None
+        self._remaining = 0  # len() agrees with what iterating yields: nothing more
         if stream is not None:
             stream.close()
 
