@@ -220,6 +220,11 @@ class Parser {
           break;
         }
         case '\n': break;  // line continuation inside a string
+        case '\r':        // the same with a \r or \r\n newline
+          if (peek() == '\n') ++pos_;
+          break;
+        case 'N':  // \N{name} needs Unicode's name table: refuse rather than keep it verbatim (a wrong name)
+          fail("\\N{...} escapes are not supported in headers");
         default:
           out += '\\';  // Python keeps unknown escapes as they are
           out += e;
@@ -248,10 +253,12 @@ class Parser {
     const std::uint64_t limit = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) + (negative ? 1 : 0);
     std::uint64_t magnitude = 0;
     std::size_t digits = 0;
+    const std::size_t first_digit = pos_;
     bool last_underscore = false;
     while (!at_end()) {
       char c = static_cast<char>(std::tolower(peek()));
-      if (c == '_' && digits > 0 && !last_underscore) {
+      // Single underscores between digits, and right after a base prefix (0x_1f), as in Python.
+      if (c == '_' && (digits > 0 || base != 10) && !last_underscore) {
         last_underscore = true;
         ++pos_;
         continue;
@@ -268,7 +275,7 @@ class Parser {
       ++pos_;
     }
     if (digits == 0 || last_underscore) fail("malformed integer");
-    if (base == 10 && digits > 1 && text_[pos_ - digits] == '0' && magnitude != 0) fail("leading zeros are not allowed");
+    if (base == 10 && digits > 1 && text_[first_digit] == '0' && magnitude != 0) fail("leading zeros are not allowed");
     if (allow_long_suffix_ && peek() == 'L') ++pos_;  // numpy's Python 2 filter drops 'L' only, not 'l'
     if (!at_end() && (std::isalnum(static_cast<unsigned char>(peek())) || peek() == '.' || peek() == '_')) {
       fail("numbers other than integers are not allowed here");
