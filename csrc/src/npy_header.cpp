@@ -29,7 +29,9 @@ struct Preamble {
 Preamble read_preamble(std::span<const std::byte> bytes, std::size_t max_header_size) {
   if (bytes.size() < 8) {
     if (bytes.empty()) fail(0, "empty file, not a .npy file");
-    if (std::memcmp(bytes.data(), kMagic, bytes.size()) != 0) fail(0, "not a .npy file (bad magic)");
+    // 6 or 7 bytes may hold the whole magic: compare no more of it than there is.
+    const std::size_t n = bytes.size() < sizeof kMagic ? bytes.size() : sizeof kMagic;
+    if (std::memcmp(bytes.data(), kMagic, n) != 0) fail(0, "not a .npy file (bad magic)");
     fail(bytes.size(), "file too short for a .npy header");
   }
   if (std::memcmp(bytes.data(), kMagic, 6) != 0) fail(0, "not a .npy file (bad magic, expected \\x93NUMPY)");

@@ -25,6 +25,7 @@
 using namespace npyfeed;
 using npyfeed::test::contains;
 namespace fs = std::filesystem;
+using namespace std::string_literals;
 
 namespace {
 
@@ -269,7 +270,7 @@ TEST_CASE("one bad file among big good ones: the error names it") {
     paths.push_back(write_npy(dir.file("good" + std::to_string(i) + ".npy"), "<f4", "(786432,)", 3 * kMiB, 20 + i).path);
   }
   std::string bad = dir.file("bad.npy");
-  write_bytes(bad, "\x93NUMPY\x01\x00\x20\x00{'descr': '<f4', 'shape': (1,)}      \n", {});
+  write_bytes(bad, "\x93NUMPY\x01\x00\x20\x00{'descr': '<f4', 'shape': (1,)}      \n"s, {});
   paths.insert(paths.begin() + 3, bad);
   for (const Config& c : kConfigs) {
     auto e = CHECK_THROWS(NpyFormatError, load(paths, options_for(c.mode, c.threads, c.populate)));

@@ -11,6 +11,7 @@
 
 using namespace npyfeed;
 using npyfeed::test::contains;
+using namespace std::string_literals;
 
 namespace {
 
@@ -231,10 +232,14 @@ TEST_CASE("python literal syntax numpy accepts") {
 TEST_CASE("malformed preambles: offsets point at the bad bytes") {
   expect_error({}, 0, "empty file");
   expect_error(bytes_of("\x93NUM"), 4, "too short");
-  expect_error(bytes_of("xNUMPY\x01\x00\x10\x00"), 0, "bad magic");
-  expect_error(bytes_of("\x93NUMPX\x01\x00\x10\x00"), 0, "bad magic");
-  expect_error(bytes_of("\x93numpy\x01\x00\x10\x00"), 0, "bad magic");
+  expect_error(bytes_of("xNUMPY\x01\x00\x10\x00"s), 0, "bad magic");
+  expect_error(bytes_of("\x93NUMPX\x01\x00\x10\x00"s), 0, "bad magic");
+  expect_error(bytes_of("\x93numpy\x01\x00\x10\x00"s), 0, "bad magic");
   expect_error(bytes_of("N"), 0, "bad magic");
+  // 6 and 7 bytes: the whole magic or more is there, but not the version (once read past the magic).
+  expect_error(bytes_of("\x93NUMPY"), 6, "too short");
+  expect_error(bytes_of("\x93NUMPY\x01"), 7, "too short");
+  expect_error(bytes_of("\x93NUMPZ\x01"), 0, "bad magic");
   expect_error(bytes_of(preamble(4, 0, 16)), 6, "version 4.0");
   expect_error(bytes_of(preamble(1, 1, 16)), 6, "version 1.1");
   expect_error(bytes_of(preamble(0, 0, 16)), 6, "version 0.0");
