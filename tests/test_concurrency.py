@@ -63,6 +63,7 @@ def _check(arrays) -> None:
 
 @pytest.mark.parametrize("mode", ["read", "direct", "mmap"])
 def test_other_python_threads_run_during_a_load(big_dataset, mode):
+    npyfeed.load(big_dataset[0], mode=mode)  # warm-up: the first load imports numpy.lib.format (file IO)
     _evict(big_dataset)
     counter = 0
     started = threading.Event()
@@ -73,11 +74,14 @@ def test_other_python_threads_run_during_a_load(big_dataset, mode):
         started.set()
         while not stop.is_set():
             counter += 1
+            if counter % 1000 == 0:
+                time.sleep(1e-4)  # hands the GIL to the main thread when it wants it
 
-    # A long switch interval: the main thread keeps the GIL through its own Python code, so the counter can
-    # only move while the load itself has released the GIL (a load holding it would leave the counter still).
+    # With a switch interval far longer than the test, the main thread is never forced to give up the GIL:
+    # the counter moves only where the main thread releases it itself. Between `before` and `after` that is
+    # only inside the load (a load holding the GIL leaves the counter exactly where it was).
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(0.5)
+    sys.setswitchinterval(100.0)
     thread = threading.Thread(target=spin)
     try:
         thread.start()
