@@ -211,3 +211,15 @@ def test_index_argument_types(tmp_path):
         _check(_source(index, ["k"]), [(path, 1, 3, 4, "k")], ["k"])
     with pytest.raises(TypeError):
         npyfeed.WindowSource([3], tmp_path, tmp_path, W)
+
+
+def test_an_empty_index_is_refused_like_from_arrays(tmp_path):
+    factor, label = tmp_path / "factor", tmp_path / "label"
+    factor.mkdir()
+    label.mkdir()
+    index = tmp_path / "empty.txt"
+    index.write_text("\n  \n")
+    with pytest.raises(ValueError, match="index is empty.*empty.txt"):
+        npyfeed.WindowSource(index, factor, label, 3)
+    with pytest.raises(ValueError, match="index is empty"):
+        npyfeed.WindowSource.from_arrays([], {}, {}, 3)

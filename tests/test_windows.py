@@ -10,7 +10,6 @@ descriptors may stay open, files replaced or truncated under a source; many Pyth
 closing iterators and interpreter exit with gathers in flight; the construction errors (missing, mismatched,
 corrupt files). Index parsing itself is in test_index.py.
 
-Tests marked xfail(strict=True) with a reason starting "BUG:" document known bugs in the C++ core.
 """
 
 from __future__ import annotations
@@ -627,9 +626,6 @@ def test_bounds_pad_zero_fills(bounds_dataset, mode, out):
         assert_batch(src.get([i]), reference(ds, [ds.entries[i]], out))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: feature_index near INT64_MIN overflows `feature - W + 1` in the "
-                                       "bounds check (window_source.cpp finish_open), so the line is accepted "
-                                       "under bounds='error' and 'skip' and read as zeros")
 @pytest.mark.parametrize("feature", [-2**63, -2**63 + 1])
 def test_bounds_error_for_extreme_feature_index(feature):
     factors = {"a": np.ones((20, 2), np.float32)}
@@ -1192,11 +1188,6 @@ _DAEMON_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a daemon thread inside BatchIterator.__next__ at interpreter exit "
-                                       "aborts the process ('terminate called without an active exception'): "
-                                       "pybind11's gil_scoped_release destructor re-takes the GIL during "
-                                       "finalization, CPython 3.11 calls pthread_exit there, and the forced unwind "
-                                       "through a noexcept destructor calls std::terminate")
 def test_interpreter_exit_with_a_daemon_thread_gathering(exit_dataset):
     for _ in range(3):  # the thread is inside a gather at exit nearly always; three tries make it certain
         proc = subprocess.run([sys.executable, "-c", _DAEMON_SCRIPT, str(exit_dataset.root)],

@@ -6,6 +6,8 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <optional>
+#include <type_traits>
 
 #include "npyfeed/errors.hpp"
 #include "npyfeed/index.hpp"
@@ -93,28 +95,72 @@ py::array wrap_array(const LoadedArray& loaded) {
   return array;
 }
 
+// Runs `fn` with the GIL released. Unlike py::gil_scoped_release it takes the GIL back outside any
+// destructor: while the interpreter finalizes, CPython < 3.14 ends a thread that asks for the GIL with
+// pthread_exit(), and that forced unwind must not cross a noexcept frame (std::terminate, SIGABRT).
+// Here it unwinds through ordinary frames (and pybind11 rethrows it), so the daemon thread just ends.
+template <class F>
+auto without_gil(F&& fn) -> decltype(fn()) {
+  using R = decltype(fn());
+  PyThreadState* state = PyEval_SaveThread();
+  std::exception_ptr error;
+  if constexpr (std::is_void_v<R>) {
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    PyEval_RestoreThread(state);
+    if (error) std::rethrow_exception(error);
+  } else {
+    std::optional<R> result;
+    try {
+      result.emplace(fn());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    PyEval_RestoreThread(state);
+    if (error) std::rethrow_exception(error);
+    return std::move(*result);
+  }
+}
+
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+// Cancels a job and waits for its running items when the frame that owns the job's memory unwinds
+// (an exception, KeyboardInterrupt, or a thread ended during interpreter exit): workers never write
+// into memory that is gone.
+class JobGuard {
+ public:
+  explicit JobGuard(std::shared_ptr<Job> job) : job_(std::move(job)) {}
+  ~JobGuard() {
+    if (!job_ || job_->orphaned()) return;
+    job_->cancel();
+    while (!job_->wait_for(std::chrono::milliseconds(1000))) {
+    }
+  }
+  JobGuard(const JobGuard&) = delete;
+  JobGuard& operator=(const JobGuard&) = delete;
+
+ private:
+  std::shared_ptr<Job> job_;
+};
+
 // Waits for `job` with the GIL released, waking every 50 ms to run Python signal handlers (Ctrl-C) and
 // `on_tick`. A KeyboardInterrupt cancels the job, waits for running items, and propagates.
-void wait_interruptibly(Job& job, const std::function<void()>& on_tick = {}) {
-  while (true) {
-    bool finished;
-    {
-      py::gil_scoped_release release;
-      finished = job.wait_for(std::chrono::milliseconds(50));
-    }
-    if (finished) break;
-    if (PyErr_CheckSignals() != 0) {
-      job.cancel();
-      {
-        py::gil_scoped_release release;
-        while (!job.wait_for(std::chrono::milliseconds(1000))) {
-        }
-      }
-      throw py::error_already_set();
-    }
+void wait_interruptibly(const std::shared_ptr<Job>& job, const std::function<void()>& on_tick = {}) {
+  JobGuard guard(job);  // covers every way out of here, exceptions included
+  while (!without_gil([&] { return job->wait_for(std::chrono::milliseconds(50)); })) {
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     if (on_tick) on_tick();
   }
-  job.rethrow_if_failed();
+  job->rethrow_if_failed();
 }
 
 py::dict header_dict(const NpyHeader& h, const std::string& path, std::uint64_t file_size) {
@@ -141,10 +187,8 @@ py::list load_many(const std::vector<std::string>& paths, const std::string& mod
   auto tick = [&] {
     if (progress) progress(load.bytes_done(), load.bytes_total());
   };
-  wait_interruptibly(*load.start_headers(pool), {});
-  auto chunks = load.start_chunks(pool);
-  tick();
-  wait_interruptibly(*chunks, tick);
+  wait_interruptibly(load.start_headers(pool));
+  wait_interruptibly(load.start_chunks(pool), tick);
   tick();
   py::list out;
   for (const LoadedArray& loaded : load.results()) {
@@ -192,34 +236,37 @@ class PyBatchStream {
       : source_(source), stream_(std::make_unique<BatchStream>(std::move(source), std::move(order), batch_size, drop_remainder,
                                                                prefetch, start_batch)) {}
   ~PyBatchStream() {
-    py::gil_scoped_release release;
-    stream_.reset();
+    // Waiting for read-ahead in flight takes a few ms; during interpreter exit keep the GIL for it
+    // (this may be a thread that could not take it back).
+    if (interpreter_finalizing()) {
+      stream_.reset();
+    } else {
+      without_gil([&] { stream_.reset(); });
+    }
   }
   py::tuple next() {
     if (!stream_) throw py::stop_iteration();
-    std::shared_ptr<Job> job;
-    {
-      py::gil_scoped_release release;
-      job = stream_->next_job();
-    }
+    std::shared_ptr<Job> job = without_gil([&] { return stream_->next_job(); });
     if (!job) throw py::stop_iteration();
-    wait_interruptibly(*job);
-    BatchStream::Batch batch;
-    {
-      py::gil_scoped_release release;
-      batch = stream_->take();
-    }
+    wait_for_batch(*job);
+    BatchStream::Batch batch = without_gil([&] { return stream_->take(); });
     const std::uint32_t out = source_->options().out_size;
     return py::make_tuple(wrap_batch(batch.x, batch.count, source_->x_shape(), out),
                           wrap_batch(batch.y, batch.count, source_->y_shape(), out));
   }
   void close() {
-    py::gil_scoped_release release;
-    if (stream_) stream_->close();
+    if (stream_) without_gil([&] { stream_->close(); });
   }
   std::size_t num_batches() const { return stream_ ? stream_->num_batches() : 0; }
 
  private:
+  // Like wait_interruptibly, but the stream owns the batch memory: an interrupt leaves the job to it.
+  static void wait_for_batch(Job& job) {
+    while (!without_gil([&] { return job.wait_for(std::chrono::milliseconds(50)); })) {
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  }
+
   std::shared_ptr<WindowSource> source_;
   std::unique_ptr<BatchStream> stream_;
 };
@@ -229,16 +276,8 @@ std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::v
                                                 const std::string& dtype, const std::string& bounds, const std::string& mode,
                                                 std::size_t threads, std::size_t max_header_size) {
   auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size, false));
-  std::shared_ptr<Job> job;
-  {
-    py::gil_scoped_release release;
-    job = source->start_open(shared_pool(source->options().threads), factor_paths, label_paths);
-  }
-  wait_interruptibly(*job);
-  {
-    py::gil_scoped_release release;
-    source->finish_open();
-  }
+  wait_interruptibly(without_gil([&] { return source->start_open(shared_pool(source->options().threads), factor_paths, label_paths); }));
+  without_gil([&] { source->finish_open(); });
   return source;
 }
 
@@ -295,14 +334,10 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "read_header",
       [](const std::string& path, std::size_t max_header_size) {
-        NpyHeader h;
-        std::uint64_t size;
-        {
-          py::gil_scoped_release release;
+        auto [h, size] = without_gil([&] {
           File file = File::open(path);
-          h = read_header(file, max_header_size);
-          size = file.size();
-        }
+          return std::make_pair(read_header(file, max_header_size), file.size());
+        });
         return header_dict(h, path, size);
       },
       py::arg("path"), py::arg("max_header_size") = kDefaultMaxHeaderSize);
@@ -334,8 +369,7 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "read_index_files",
       [](const std::vector<std::string>& paths) {
-        py::gil_scoped_release release;
-        return read_index_files(paths);
+        return without_gil([&] { return read_index_files(paths); });
       },
       py::arg("paths"));
 
@@ -367,8 +401,7 @@ PYBIND11_MODULE(_core, m) {
         const std::size_t n = v.size();
         auto x = std::make_shared<AlignedBuffer>(n * s->x_sample_bytes());
         auto y = std::make_shared<AlignedBuffer>(n * s->y_sample_bytes());
-        std::shared_ptr<Job> job = s->start_gather(shared_pool(s->options().threads), std::move(v), x->data(), y->data());
-        wait_interruptibly(*job);
+        wait_interruptibly(s->start_gather(shared_pool(s->options().threads), std::move(v), x->data(), y->data()));
         return py::make_tuple(wrap_batch(x, n, s->x_shape(), s->options().out_size), wrap_batch(y, n, s->y_shape(), s->options().out_size));
       })
       .def("stream", [](const std::shared_ptr<WindowSource>& s, const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& order,
@@ -392,11 +425,7 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "epoch_permutation",
       [](std::size_t n, std::uint64_t seed, std::uint64_t epoch) {
-        std::vector<std::int64_t> order;
-        {
-          py::gil_scoped_release release;
-          order = epoch_permutation(n, seed, epoch);
-        }
+        std::vector<std::int64_t> order = without_gil([&] { return epoch_permutation(n, seed, epoch); });
         return py::array_t<std::int64_t>(order.size(), order.data());
       },
       py::arg("n"), py::arg("seed"), py::arg("epoch"));

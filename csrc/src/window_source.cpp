@@ -42,6 +42,18 @@ std::byte* scratch_buffer(std::size_t size, std::size_t align) {
   return buffer->data();
 }
 
+std::string int128_text(__int128 v) {
+  if (v >= INT64_MIN && v <= INT64_MAX) return std::to_string(static_cast<std::int64_t>(v));
+  const bool negative = v < 0;
+  unsigned __int128 u = negative ? static_cast<unsigned __int128>(-(v + 1)) + 1 : static_cast<unsigned __int128>(v);
+  std::string digits;
+  while (u > 0) {
+    digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(u % 10)));
+    u /= 10;
+  }
+  return (negative ? "-" : "") + digits;
+}
+
 bool fds_fit(std::size_t wanted) {
   struct rlimit rl {};
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return false;
@@ -174,11 +186,10 @@ void WindowSource::finish_open() {
     x_row_shape_.assign(factors_[0].header.shape.begin() + 1, factors_[0].header.shape.end());
     y_row_shape_.assign(labels_[0].header.shape.begin() + 1, labels_[0].header.shape.end());
   }
-  auto shape_text = [](const std::vector<std::int64_t>& s) {
+  auto shape_text = [](const std::vector<std::int64_t>& s) {  // as Python prints a tuple
     std::string t = "(";
-    for (std::size_t i = 0; i < s.size(); ++i) t += std::to_string(s[i]) + (s.size() == 1 || i + 1 < s.size() ? ", " : "");
-    if (t.size() > 1 && t.back() == ' ' && s.size() > 1) t.resize(t.size() - 2);
-    return t + ")";
+    for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+    return t + (s.size() == 1 ? ",)" : ")");
   };
   for (std::size_t k = 0; k < index_.keys.size(); ++k) {
     for (int which = 0; which < 2; ++which) {
@@ -196,6 +207,17 @@ void WindowSource::finish_open() {
   for (auto d : x_row_shape_) x_row_elems_ *= static_cast<std::uint64_t>(d);
   y_row_elems_ = 1;
   for (auto d : y_row_shape_) y_row_elems_ *= static_cast<std::uint64_t>(d);
+  // One sample must be addressable: W * row * itemsize in 63 bits (the rows themselves fit, being in a file).
+  unsigned __int128 sample_bytes = static_cast<unsigned __int128>(window_) * x_row_elems_ * options_.out_size;
+  if (sample_bytes > static_cast<unsigned __int128>(INT64_MAX) / 65536) {
+    throw InvalidArgument("window " + std::to_string(window_) + " is too large for rows of " + std::to_string(x_row_elems_) +
+                          " elements");
+  }
+  if (index_.size() == 0) {
+    std::string names;
+    for (const auto& n : index_.sources) names += (names.empty() ? "" : ", ") + n;
+    throw InvalidArgument("the index is empty (" + names + ")");
+  }
 
   samples_.clear();
   samples_.reserve(index_.size());
@@ -206,7 +228,8 @@ void WindowSource::finish_open() {
     const std::int64_t label = index_.label_index[i];
     const std::int64_t rows = factors_[key].rows();
     const std::int64_t label_rows = labels_[key].rows();
-    const std::int64_t first = feature - window_ + 1;
+    // In 128 bits: index lines may hold any int64, and feature - W + 1 must not wrap.
+    const __int128 first = static_cast<__int128>(feature) - window_ + 1;
     const bool window_ok = first >= 0 && feature < rows;
     const bool label_ok = label >= 0 && label < label_rows;
     if (!(window_ok && label_ok)) {
@@ -216,7 +239,7 @@ void WindowSource::finish_open() {
       }
       if (options_.bounds == Bounds::kError) {
         std::string what = !window_ok
-            ? "window rows [" + std::to_string(first) + ", " + std::to_string(feature + 1) + ") outside " +
+            ? "window rows [" + int128_text(first) + ", " + int128_text(static_cast<__int128>(feature) + 1) + ") outside " +
                   factors_[key].name + " (" + std::to_string(rows) + " rows)"
             : "label row " + std::to_string(label) + " outside " + labels_[key].name + " (" +
                   std::to_string(label_rows) + " rows)";
@@ -394,17 +417,20 @@ void WindowSource::gather_key(const GatherPlan& plan, std::size_t group) const {
   {
     const std::int64_t rows = factor.rows();
     const std::uint64_t src_row_bytes = factor.row_elems() * factor.header.itemsize;
-    auto clip = [&](std::int64_t r) { return std::clamp<std::int64_t>(r, 0, rows); };
+    // Window ends in 128 bits (feature_index may be any int64 under bounds='pad'), clipped to the array.
+    auto clip = [&](__int128 r) { return static_cast<std::int64_t>(std::clamp<__int128>(r, 0, rows)); };
+    auto window_first = [&](const Sample& sample) { return static_cast<__int128>(sample.feature) - window_ + 1; };
+    auto window_end = [&](const Sample& sample) { return static_cast<__int128>(sample.feature) + 1; };
     std::size_t i = begin;
     while (i < end) {
       const Sample& si = samples_[static_cast<std::size_t>(plan.ids[plan.order[i]])];
-      std::int64_t r0 = clip(si.feature - window_ + 1);
-      std::int64_t r1 = clip(si.feature + 1);
+      std::int64_t r0 = clip(window_first(si));
+      std::int64_t r1 = clip(window_end(si));
       std::size_t j = i + 1;
       for (; j < end; ++j) {
         const Sample& sj = samples_[static_cast<std::size_t>(plan.ids[plan.order[j]])];
-        const std::int64_t s0 = clip(sj.feature - window_ + 1);
-        const std::int64_t s1 = clip(sj.feature + 1);
+        const std::int64_t s0 = clip(window_first(sj));
+        const std::int64_t s1 = clip(window_end(sj));
         if (static_cast<std::uint64_t>(std::max<std::int64_t>(s0 - r1, 0)) * src_row_bytes > gap_limit) break;
         if (static_cast<std::uint64_t>(std::max(r1, s1) - r0) * src_row_bytes > span_limit) break;
         r1 = std::max(r1, s1);
@@ -424,11 +450,11 @@ void WindowSource::gather_key(const GatherPlan& plan, std::size_t group) const {
         const std::uint32_t pos = plan.order[k];
         const Sample& s = samples_[static_cast<std::size_t>(plan.ids[pos])];
         std::byte* out = plan.x + static_cast<std::uint64_t>(pos) * static_cast<std::uint64_t>(window_) * x_row_out;
-        const std::int64_t first = s.feature - window_ + 1;
+        const __int128 first = window_first(s);
         const std::int64_t a = clip(first);
-        const std::int64_t b = clip(s.feature + 1);
+        const std::int64_t b = clip(window_end(s));
         // Rows before the array, the rows inside it, rows after it (zeros only under bounds='pad').
-        const std::int64_t before = std::min<std::int64_t>(std::max<std::int64_t>(a - first, 0), window_);
+        const auto before = static_cast<std::int64_t>(std::min<__int128>(std::max<__int128>(a - first, 0), window_));
         const std::int64_t inside = std::max<std::int64_t>(b - a, 0);
         std::memset(out, 0, static_cast<std::size_t>(before) * x_row_out);
         if (inside > 0) {
