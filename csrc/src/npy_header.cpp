@@ -129,6 +129,7 @@ bool parse_typestr(std::string_view s, TypeStr& out) {
     if (i != s.size()) return false;
     if (out.kind == '?') { out.kind = 'b'; out.size = 1; return true; }
     if (out.kind == 'b') { out.kind = 'i'; out.size = 1; return true; }  // numpy: 'b' is int8, 'b1' is bool
+    if (out.kind == 'O') { out.size = 8; return true; }  // '|O', as np.save writes it: refused with its own message
     return false;
   }
   std::uint64_t n = 0;
