@@ -64,6 +64,7 @@ def expected_exception(case: mc.Case) -> type:
 def check_refused(case: mc.Case, path: Path, error: BaseException) -> None:
     assert isinstance(error, expected_exception(case)), f"{case.id}: raised {type(error).__name__}: {error}"
     assert str(path) in str(error), f"{case.id}: the message does not name the file: {error}"
+    assert case.says in str(error).lower(), f"{case.id}: the message does not say {case.says!r}: {error}"
     if isinstance(error, npyfeed.NpyFormatError):
         assert isinstance(error, ValueError)
         assert error.path == str(path)

@@ -61,6 +61,8 @@ class Case:
         Why npyfeed deliberately differs from numpy here (empty when it does not).
     needs_non_root : bool
         The case is meaningless as root (root reads a chmod 000 file).
+    says : str
+        A word npyfeed's error message must contain (lower case), where the case has one to check.
     """
 
     id: str
@@ -71,6 +73,7 @@ class Case:
     errno: str = ""
     differs: str = ""
     needs_non_root: bool = False
+    says: str = ""
 
     @property
     def accepted(self) -> bool:
@@ -553,7 +556,38 @@ def _cases() -> list:
     return cases
 
 
-CASES: list = _cases()
+#: What npyfeed's message must say, by case id prefix (the first match wins).
+_SAYS = [
+    ("magic_wrong_", "magic"), ("magic_lowercase", "magic"), ("magic_dali", "magic"), ("magic_pickle", "magic"),
+    ("version_", "version"),
+    ("hlen_v1_ffff", "max_header_size"), ("hlen_v2_ffffffff", "max_header_size"),
+    ("hlen_v3_ffffffff", "max_header_size"), ("hlen_v2_80000000", "max_header_size"),
+    ("hlen_v1_full_65535", "max_header_size"), ("hlen_v1_10001", "max_header_size"),
+    ("hlen_v2_10001", "max_header_size"), ("hlen_v3_10001", "max_header_size"), ("hlen_", "header"),
+    ("text_import_call", "__import__"), ("text_missing_", "keys"), ("text_extra_key", "keys"),
+    ("text_v3_", "utf-8"), ("text_latin1_bytes_in_v3", "utf-8"), ("text_nul", "nul"),
+    ("fortran_order_", "fortran_order"),
+    ("shape_negative", "negative"), ("shape_two_negatives", "negative"), ("shape_bool", "shape"),
+    ("shape_product_wraps", "too large"), ("shape_bytes_overflow", "too large"), ("shape_zero_times", "too large"),
+    ("shape_int64_max", "truncated"), ("shape_65_dims", "dimensions"), ("shape_0d_no_data", "truncated"),
+    ("dtype_object", "object"), ("dtype_structured_with_object", "object"), ("dtype_nested_object", "object"),
+    ("dtype_subarray_of_object", "object"),
+    ("data_", "truncated"),
+    ("file_fifo", "regular file"), ("file_dev_", "regular file"),
+]
+
+
+def _with_messages(cases: list) -> list:
+    import dataclasses
+
+    out = []
+    for case in cases:
+        word = next((w for prefix, w in _SAYS if case.id.startswith(prefix)), "")
+        out.append(dataclasses.replace(case, says=word) if word and not case.accepted else case)
+    return out
+
+
+CASES: list = _with_messages(_cases())
 
 #: Cases by id.
 BY_ID = {c.id: c for c in CASES}

@@ -1,0 +1,315 @@
+"""The ``npyfeed`` command.
+
+``npyfeed scan PATH...`` checks every ``.npy`` file of a data set (header, dtype, size; with ``--data`` every
+byte) in parallel, before a multi-day job finds a bad one. Exit status: 0 when every file is good, 1 when any
+is bad (or none was found), 2 for a usage error, 130 when interrupted.
+
+Subcommands live in functions ``_add_<name>_parser(sub)`` that register a subparser whose ``func(args)``
+returns the exit status. ``npyfeed demo`` comes from the optional module ``npyfeed.demo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+
+from ._threads import resolve_threads
+
+__all__ = ["main"]
+
+#: Most bytes of array data one ``scan --data`` batch holds in memory at once (one larger file is read alone).
+DATA_BATCH_BYTES = 512 << 20
+#: Most files in one ``scan --data`` batch.
+DATA_BATCH_FILES = 256
+
+
+def main(argv=None) -> int:
+    """Run the ``npyfeed`` command with `argv` (default ``sys.argv[1:]``) and return its exit status."""
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # usage errors (2) and --help (0): return the status instead of exiting
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+    if getattr(args, "func", None) is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("npyfeed: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `npyfeed scan ... | head`: the reader left; leave quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="npyfeed", description="Fast, safe feeding of NumPy .npy files.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"npyfeed {__version__}")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    _add_scan_parser(sub)
+    _add_demo_parser(sub)
+    return parser
+
+
+def _add_demo_parser(sub) -> None:
+    """Register ``npyfeed demo`` if the module ``npyfeed.demo`` exists.
+
+    That module defines ``add_parser(sub)``, which adds its subparser with ``set_defaults(func=...)``; the
+    function takes the parsed arguments and returns the exit status. Keep heavy imports inside it.
+    """
+    try:
+        from .demo import add_parser
+    except ModuleNotFoundError as e:
+        if e.name != f"{__package__}.demo":  # the module exists but something it imports does not
+            raise
+        return
+    add_parser(sub)
+
+
+# --------------------------------------------------------------------------------------------------------
+# scan
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _add_scan_parser(sub) -> None:
+    p = sub.add_parser(
+        "scan", help="check every .npy file under the given paths",
+        description="Check every .npy file under the given files and directories (recursively; symbolic links "
+                    "to directories are not followed): magic, version, header, dtype (object arrays are bad), "
+                    "and that the file holds all the data its header promises. Files given by name are checked "
+                    "whatever their extension.",
+        epilog="Exit status: 0 all files good, 1 some file bad or no .npy file found, 2 usage error.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="a .npy file or a directory to search")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="threads (default: 4 per CPU, at most 64, for the headers; NPYFEED_THREADS or the CPUs "
+                        "for the --data reads)")
+    p.add_argument("--max-header-size", type=_positive_int, default=10000,
+                   help="largest header accepted, in characters (default 10000, as np.load)")
+    p.add_argument("--data", action="store_true",
+                   help="also read every byte of every good file (catches IO errors; takes as long as a full load)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no dtype/shape summary")
+    p.set_defaults(func=_scan)
+
+
+@dataclass
+class _Report:
+    files: list = field(default_factory=list)  # every path checked, in order
+    headers: dict = field(default_factory=dict)  # path -> Header of the files that passed
+    bad: dict = field(default_factory=dict)  # path -> reason
+
+
+def _describe(error: BaseException) -> str:
+    from . import NpyFormatError
+
+    if isinstance(error, NpyFormatError):
+        # One line per file: drop a Python traceback ("At: ...") that a dtype error from numpy may carry.
+        reason = " ".join(str(error.reason).split("\n\nAt:\n", 1)[0].split())
+        return f"NpyFormatError: {reason} (at byte {error.offset})"
+    if isinstance(error, OSError) and error.strerror:
+        return f"{type(error).__name__}: {error.strerror}"
+    return f"{type(error).__name__}: {error}"
+
+
+def find_npy_files(paths, report: _Report) -> list:
+    """Every ``*.npy`` file under `paths` (files given by name count whatever their name), sorted per
+    directory, without duplicates. Paths that do not exist and unreadable directories go to `report.bad`."""
+    found, seen = [], set()
+
+    def add(path):
+        key = os.path.abspath(path)
+        if key not in seen:
+            seen.add(key)
+            found.append(path)
+
+    for path in paths:
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            def on_error(error, _path=path):
+                report.bad[error.filename or _path] = _describe(error)
+
+            for root, dirs, names in os.walk(path, onerror=on_error):
+                dirs.sort()
+                for name in sorted(names):
+                    if name.endswith(".npy"):
+                        add(os.path.join(root, name))
+        elif os.path.lexists(path):
+            add(path)  # a file, a FIFO, a dangling link...: read_header says what is wrong with it
+        else:
+            report.bad[path] = "FileNotFoundError: No such file or directory"
+    return found
+
+
+def _progress(total: int, unit: str, desc: str, quiet: bool):
+    if quiet or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit=unit, unit_scale=unit == "B", unit_divisor=1024, desc=desc, file=sys.stderr,
+                leave=False)
+
+
+def _check_headers(report: _Report, files: list, threads: int, max_header_size: int, quiet: bool) -> None:
+    from . import read_header
+
+    bar = _progress(len(files), "file", "headers", quiet)
+    executor = ThreadPoolExecutor(max_workers=threads)
+    try:
+        # read_header releases the GIL for its IO and parsing, so these run in parallel.
+        futures = {executor.submit(read_header, path, max_header_size=max_header_size): path for path in files}
+        for future in as_completed(futures):
+            path = futures[future]
+            try:
+                report.headers[path] = future.result()
+            except (ValueError, OSError) as e:
+                report.bad[path] = _describe(e)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+        if bar is not None:
+            bar.close()
+
+
+def _batches(paths: list, headers: dict):
+    batch, size = [], 0
+    for path in paths:
+        nbytes = headers[path].nbytes
+        if batch and (size + nbytes > DATA_BATCH_BYTES or len(batch) >= DATA_BATCH_FILES):
+            yield batch
+            batch, size = [], 0
+        batch.append(path)
+        size += nbytes
+    if batch:
+        yield batch
+
+
+def _failed_path(error: BaseException, batch: list):
+    """The file of `batch` that `error` (raised by load_many) names, or None."""
+    for name in (getattr(error, "path", None), getattr(error, "filename", None)):
+        if name is not None and os.fspath(name) in batch:
+            return os.fspath(name)
+    return None
+
+
+def _check_data(report: _Report, threads, max_header_size: int, quiet: bool) -> None:
+    """Read every good file fully, a bounded batch at a time; a file that fails is moved to `report.bad`."""
+    from . import load, load_many
+
+    good = [path for path in report.files if path in report.headers]
+    bar = _progress(sum(report.headers[p].nbytes for p in good), "B", "data", quiet)
+    try:
+        for batch in _batches(good, report.headers):
+            pending = list(batch)
+            while pending:
+                try:
+                    load_many(pending, mode="read", threads=threads, max_header_size=max_header_size)  # arrays die at once
+                    done = pending
+                    pending = []
+                except (ValueError, OSError) as e:
+                    culprit = _failed_path(e, pending)
+                    if culprit is None:  # cannot tell which file: check them one by one
+                        for path in pending:
+                            try:
+                                load(path, mode="read", threads=threads, max_header_size=max_header_size)
+                            except (ValueError, OSError) as e1:
+                                _mark_bad(report, path, e1)
+                        done, pending = pending, []
+                    else:
+                        _mark_bad(report, culprit, e)
+                        done = [culprit]
+                        pending = [p for p in pending if p != culprit]
+                if bar is not None:
+                    bar.update(sum(report.headers[p].nbytes for p in done if p in report.headers))
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _mark_bad(report: _Report, path: str, error: BaseException) -> None:
+    report.bad[path] = _describe(error)
+    report.headers.pop(path, None)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _dtype_label(dtype) -> str:
+    text = dtype.str if dtype.names is None else str(dtype)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _print_counts(title: str, counts: Counter, limit: int = 10) -> None:
+    print(title)
+    items = counts.most_common()
+    width = max(len(label) for label, _ in items[:limit])
+    for label, n in items[:limit]:
+        print(f"  {label:<{width}}  {_plural(n, 'file')}")
+    if len(items) > limit:
+        print(f"  ... and {len(items) - limit} more")
+
+
+def _print_summary(report: _Report, data: bool, quiet: bool) -> None:
+    ok = [p for p in report.files if p in report.headers]
+    what = "headers, dtypes, sizes and data" if data else "headers, dtypes and sizes"
+    print(f"Checked {_plural(len(report.files), '.npy file')} ({what}): {len(ok)} ok, {len(report.bad)} bad")
+    if ok:
+        headers = [report.headers[p] for p in ok]
+        print(f"Array data in the good files: {_human_bytes(sum(h.nbytes for h in headers))} "
+              f"({_human_bytes(sum(h.file_size for h in headers))} on disk)")
+        if not quiet:
+            _print_counts("dtypes:", Counter(_dtype_label(h.dtype) for h in headers))
+            _print_counts("shapes (most common first):", Counter(str(h.shape) for h in headers))
+            longer = [p for p in ok if report.headers[p].file_size > report.headers[p].data_offset
+                      + report.headers[p].nbytes]
+            if longer:
+                print(f"Note: {_plural(len(longer), 'file')} hold bytes after their array data "
+                      "(np.load ignores them too), e.g. " + longer[0])
+    if report.bad:
+        print("Bad files:")
+        for path in sorted(report.bad):
+            print(f"  {path}: {report.bad[path]}")
+
+
+def _scan(args) -> int:
+    report = _Report()
+    report.files = find_npy_files(args.paths, report)
+    if report.files:
+        threads = args.threads or min(64, 4 * resolve_threads(None))
+        _check_headers(report, report.files, threads, args.max_header_size, args.quiet)
+        if args.data:
+            _check_data(report, args.threads, args.max_header_size, args.quiet)
+    # Paths that were not found count as checked (and bad).
+    report.files += [p for p in report.bad if p not in report.files]
+    if not report.files:
+        print("No .npy files found under: " + " ".join(args.paths))
+        return 1
+    _print_summary(report, args.data, args.quiet)
+    return 1 if report.bad else 0
