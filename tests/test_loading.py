@@ -525,6 +525,17 @@ def test_bad_env_threads(tmp_path, monkeypatch, value, write_npy):
         npyfeed.load(path)
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
+def test_env_threads_grows_the_pool(tmp_path, monkeypatch, write_npy, assert_same_as_np_load):
+    # More threads than this process has now: after the load the pool must hold at least that many workers.
+    wanted = len(os.listdir("/proc/self/task")) + 8
+    monkeypatch.setenv("NPYFEED_THREADS", str(wanted))
+    paths = [write_npy(tmp_path / f"{i}.npy", np.arange(100) * i) for i in range(2 * wanted)]
+    for array, path in zip(npyfeed.load_many(paths), paths):
+        assert_same_as_np_load(array, path)
+    assert len(os.listdir("/proc/self/task")) >= wanted + 1
+
+
 @pytest.mark.parametrize("threads", [7, 64])
 def test_any_thread_count_works(large_files, threads, assert_same_as_np_load):
     path = large_files["V7-F-39MB"]

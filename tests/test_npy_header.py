@@ -93,7 +93,8 @@ HANDWRITTEN = [
     ("compact", "{'descr':'<i4','fortran_order':False,'shape':(2,3)}", _I4x6, (1, 0), 64),
     ("spaces-tabs-newlines", "{ 'descr' :\t'<i4' ,\n 'fortran_order' : False , 'shape' : ( 2 , 3 , ) , }",
      _I4x6, (2, 0), 64),
-    ("python2-longs", "{'descr': '<i4', 'fortran_order': False, 'shape': (2L, 3L), }", _I4x6, (1, 0), 64),  # np.load warns
+    # Python 2 writers: np.load accepts the L suffix in 1.0/2.0 files (with a UserWarning, filtered below).
+    ("python2-longs", "{'descr': '<i4', 'fortran_order': False, 'shape': (2L, 3L), }", _I4x6, (1, 0), 64),
     ("one-tuple", "{'descr': '<i4', 'fortran_order': False, 'shape': (6,), }", _I4x6, (1, 0), 64),
     ("zero-d", "{'descr': '<i4', 'fortran_order': False, 'shape': (), }", _I4x6[:4], (1, 0), 64),
     ("fortran-2d", "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3), }", _F8x6, (1, 0), 64),
