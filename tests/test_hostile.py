@@ -38,9 +38,11 @@ def corpus(tmp_path_factory) -> dict:
     return mc.write_all(tmp_path_factory.mktemp("corpus"))
 
 
-def case_params():
+def case_params(*, for_npyfeed=True):
     for case in mc.CASES:
         marks = [pytest.mark.skipif(IS_ROOT, reason="root can read a chmod 000 file")] if case.needs_non_root else []
+        if case.known_bug and for_npyfeed:
+            marks.append(pytest.mark.xfail(strict=True, reason=case.known_bug))
         yield pytest.param(case, id=case.id, marks=marks)
 
 
@@ -138,7 +140,7 @@ def test_whole_corpus_in_a_subprocess(tmp_path):
     runnable = [c for c in mc.CASES if not (c.needs_non_root and IS_ROOT)]
     assert len(seen) == len(runnable) * len(OPS)
     wrong = [f"{c.id}/{op}: {seen[c.id, op]} (expected {c.expect})" for c in runnable for op in OPS
-             if seen[c.id, op] != c.expect]
+             if seen[c.id, op] != c.expect and not c.known_bug]
     assert not wrong, "\n".join(wrong)
 
 
@@ -164,7 +166,7 @@ def test_case(case: mc.Case, op: str, corpus, tmp_path):
         check_refused(case, path, info.value)
 
 
-@pytest.mark.parametrize("case", case_params())
+@pytest.mark.parametrize("case", case_params(for_npyfeed=False))
 def test_numpy_still_does_this(case: mc.Case, corpus):
     """The numpy outcome written next to each case is what np.load does."""
     if case.numpy == mc.NUMPY_HANGS:

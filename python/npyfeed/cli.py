@@ -114,16 +114,23 @@ class _Report:
     bad: dict = field(default_factory=dict)  # path -> reason
 
 
+def display_path(path) -> str:
+    """`path` printable on any terminal: bytes of a name that is not utf-8 appear as escapes (\\xe9)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def _describe(error: BaseException) -> str:
+    """One printable line saying what is wrong."""
     from . import NpyFormatError
 
     if isinstance(error, NpyFormatError):
-        # One line per file: drop a Python traceback ("At: ...") that a dtype error from numpy may carry.
-        reason = " ".join(str(error.reason).split("\n\nAt:\n", 1)[0].split())
-        return f"NpyFormatError: {reason} (at byte {error.offset})"
-    if isinstance(error, OSError) and error.strerror:
-        return f"{type(error).__name__}: {error.strerror}"
-    return f"{type(error).__name__}: {error}"
+        # Drop a Python traceback ("At: ...") that a dtype error from numpy may carry.
+        text = f"NpyFormatError: {str(error.reason).split(chr(10) * 2 + 'At:', 1)[0]} (at byte {error.offset})"
+    elif isinstance(error, OSError) and error.strerror:
+        text = f"{type(error).__name__}: {error.strerror}"
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return " ".join(text.encode("utf-8", "backslashreplace").decode("utf-8").split())
 
 
 def find_npy_files(paths, report: _Report) -> list:
@@ -178,7 +185,7 @@ def _check_headers(report: _Report, files: list, threads: int, max_header_size: 
             path = futures[future]
             try:
                 report.headers[path] = future.result()
-            except (ValueError, OSError) as e:
+            except Exception as e:  # noqa: BLE001 - whatever goes wrong with one file, report it and go on
                 report.bad[path] = _describe(e)
             if bar is not None:
                 bar.update(1)
@@ -223,13 +230,13 @@ def _check_data(report: _Report, threads, max_header_size: int, quiet: bool) -> 
                     load_many(pending, mode="read", threads=threads, max_header_size=max_header_size)  # arrays die at once
                     done = pending
                     pending = []
-                except (ValueError, OSError) as e:
+                except Exception as e:  # noqa: BLE001 - as in _check_headers
                     culprit = _failed_path(e, pending)
                     if culprit is None:  # cannot tell which file: check them one by one
                         for path in pending:
                             try:
                                 load(path, mode="read", threads=threads, max_header_size=max_header_size)
-                            except (ValueError, OSError) as e1:
+                            except Exception as e1:  # noqa: BLE001
                                 _mark_bad(report, path, e1)
                         done, pending = pending, []
                     else:
@@ -291,11 +298,11 @@ def _print_summary(report: _Report, data: bool, quiet: bool) -> None:
                       + report.headers[p].nbytes]
             if longer:
                 print(f"Note: {_plural(len(longer), 'file')} hold bytes after their array data "
-                      "(np.load ignores them too), e.g. " + longer[0])
+                      "(np.load ignores them too), e.g. " + display_path(longer[0]))
     if report.bad:
         print("Bad files:")
         for path in sorted(report.bad):
-            print(f"  {path}: {report.bad[path]}")
+            print(f"  {display_path(path)}: {report.bad[path]}")
 
 
 def _scan(args) -> int:
@@ -309,7 +316,7 @@ def _scan(args) -> int:
     # Paths that were not found count as checked (and bad).
     report.files += [p for p in report.bad if p not in report.files]
     if not report.files:
-        print("No .npy files found under: " + " ".join(args.paths))
+        print("No .npy files found under: " + " ".join(display_path(p) for p in args.paths))
         return 1
     _print_summary(report, args.data, args.quiet)
     return 1 if report.bad else 0
