@@ -1,0 +1,846 @@
+#!/usr/bin/env python3
+"""Window batches: the users' tf.numpy_function pipelines and the best numpy against npyfeed, warm and cold.
+
+A sample is ``factor[key][feature_index-W+1 : feature_index+1]`` (W rows) and ``label[key][label_index]``, one
+per line ``feature_index,label_index,key`` of the index files. In ONE run, on a data set in the users' layout
+(default 400 files of (4800, 256), about 2 GB per source dtype, float32 and float64 sources, W=100, B=256), every
+contender gathers the SAME samples in the SAME seeded shuffled order (``WindowSource.epoch_order(0, shuffle=True,
+seed=--seed)``), into float32 batches:
+
+  (a) users' np.load       their "advice" code: tf.data + tf.numpy_function per sample that np.loads BOTH whole
+                           files (factor and label) and slices one window (map(num_parallel_calls=8), batch,
+                           prefetch(1)); so slow that it runs only --users-batches batches (samples/s extrapolates)
+  (b) dict, per sample     the users' current code: a preloaded dict (np.load loop) + per-sample numpy_function
+  (c) dict, per batch      the same dict + ONE numpy_function per batch that slices B windows in Python
+  (d) numpy vectorised     the best numpy we know: setup stacks every key into one (K, T, F) float32 array (source
+                           dtype converted once) and builds a zero-copy window view (K*T-W+1, W, F) over it (a
+                           sliding window with the window axis in the middle); a batch is then ONE fancy index
+                           ``windows[row0[ids]]`` plus one for labels. Only that per-batch gather is timed
+  mmap slicing             np.load(mmap_mode="r") of every file, then per sample ``x[i] = mm[key][a:b]`` in a
+                           Python loop (the cold-cache baseline of the issue)
+  (e) npyfeed <mode>       WindowSource(..., mode).batches(B, shuffle=True, seed): the numpy iterator, C++ gather
+                           with read-ahead; modes mmap and read (and direct, cold only: O_DIRECT never uses the cache)
+  (f) npyfeed.tf mmap      npyfeed.tf.dataset(src, B, shuffle=True, seed) over a mode="mmap" source
+
+Warm = every data file in the page cache (read once before the warm rounds); cold = every data file evicted
+(posix_fadvise DONTNEED, residency checked with mincore) before EACH cold measurement. Sources that map files are
+opened fresh for every measurement (untimed), as a new training process would: mapped pages cannot be evicted,
+and a reused mapping would have its pages already faulted in. The preloaded contenders (b, c, d) read no file
+after their setup, so they have no cold row; their setup (np.load of every file, cold) is shown instead.
+
+Limits, measured in the same run, interleaved with the contenders (one probe per round; best kept):
+  warm  memory copy with --threads threads (common.memcpy_bandwidth), as samples/s = GB/s / bytes of one sample's
+        float32 x output (W*F*4);
+  cold  the disk's O_DIRECT random-read bandwidth with --threads concurrent reads of one source window
+        (W*F*itemsize, ~100 KB for float32) at random offsets (common.odirect_random_bandwidth), as samples/s =
+        GB/s / window bytes. The same probe with more reads in flight is shown for information.
+
+Contenders run interleaved (round-robin, rotated each round) so that a noisy machine hits them alike; the table
+shows the best round (samples/s) and the median, and ratios against (a), (e) (npyfeed mmap, same dtype and cache)
+and the limit. Then the issue's targets, met or missed. See bench/README_windows.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import os
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+import npyfeed  # noqa: E402
+
+TABLE_HEADER = ("contender", "src", "cache", "batches", "samples/s", "median", "cpu us/smp", "x (a)", "x (e)",
+                "limit", "x limit", "setup")
+USERS_PARALLEL_CALLS = 8  # the users' map(parser, num_parallel_calls=8) (README migration section)
+DEFAULT_WINDOW = common.DataSpec.window  # data sets generated for this window are shared with bench_load.py
+
+
+# ------------------------------------------------------------------------------------------- the data
+
+
+@dataclass
+class Data:
+    """One source dtype's data set, its index as parsed here (independently of npyfeed) and shared state."""
+
+    ds: common.DataSet
+    window: int
+    batch: int
+    threads: int
+    seed: int
+    factor_dir: str  # one folder holding every key (symlinks into the per-stock folders)
+    label_dir: str
+    key_names: list  # per key id
+    key_id: np.ndarray  # per sample, in index order (= npyfeed sample id with bounds="error")
+    feature_index: np.ndarray
+    label_index: np.ndarray
+    lines: np.ndarray  # per sample, the index line as bytes (what the users' numpy_function receives)
+    order: np.ndarray  # the shuffled epoch: sample ids
+    factor_path: dict = field(default_factory=dict)  # key -> real path
+    label_path: dict = field(default_factory=dict)
+    _dicts: tuple | None = None
+    _stacked: tuple | None = None
+    setup: dict = field(default_factory=dict)  # name -> seconds
+    log: Callable[[str], None] = print
+
+    @property
+    def paths(self) -> list:
+        return self.ds.factor_paths + self.ds.label_paths
+
+    @property
+    def cols(self) -> int:
+        return self.ds.spec.cols
+
+    @property
+    def label_cols(self) -> int:
+        return self.ds.spec.label_cols
+
+    def ids(self, batches: int) -> np.ndarray:
+        return self.order[: batches * self.batch]
+
+    def dicts(self) -> tuple:
+        """The users' load_factor_files: {key: np.load(path)} for factors and labels, loaded once, cold (timed)."""
+        if self._dicts is None:
+            self.log("  setup: np.load loop into dicts (cold cache) ...")
+            common.evict(self.paths)
+            t0 = time.perf_counter()
+            factors = {k: np.load(self.factor_path[k]) for k in self.key_names}
+            labels = {k: np.load(self.label_path[k]) for k in self.key_names}
+            self.setup["dict"] = time.perf_counter() - t0
+            self._dicts = (factors, labels)
+        return self._dicts
+
+    def stacked(self) -> tuple:
+        """(d)'s setup: one (K, T, F) float32 array, its window view, and per-sample start rows (timed)."""
+        if self._stacked is None:
+            factors, labels = self.dicts()
+            self.log("  setup: stacking into one float32 array ...")
+            t0 = time.perf_counter()
+            first = factors[self.key_names[0]]
+            rows, cols = first.shape
+            big = np.empty((len(self.key_names), rows, cols), dtype=np.float32)
+            lab_first = labels[self.key_names[0]]
+            lab = np.empty((len(self.key_names),) + lab_first.shape, dtype=np.float32)
+            for i, k in enumerate(self.key_names):
+                big[i] = factors[k]  # converts float64 once, here
+                lab[i] = labels[k]
+            flat = big.reshape(-1, cols)
+            w = self.window
+            windows = np.lib.stride_tricks.as_strided(flat, shape=(flat.shape[0] - w + 1, w, cols),
+                                                      strides=(flat.strides[0],) + flat.strides, writeable=False)
+            row0 = self.key_id.astype(np.int64) * rows + self.feature_index - w + 1
+            lab_flat = lab.reshape(len(self.key_names) * lab_first.shape[0], -1)
+            lab_row = self.key_id.astype(np.int64) * lab_first.shape[0] + self.label_index
+            self.setup["stack"] = time.perf_counter() - t0
+            self._stacked = (windows, row0, lab_flat, lab_row, big, lab)
+        return self._stacked
+
+    def release(self) -> None:
+        self._dicts = None
+        self._stacked = None
+
+
+def _link_dir(root: Path, ds: common.DataSet) -> tuple:
+    """One factor and one label folder for all stocks (npyfeed takes one folder each): symlinks, made once."""
+    factor_dir, label_dir = root / "factor", root / "label"
+    for folder, paths in ((factor_dir, ds.factor_paths), (label_dir, ds.label_paths)):
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in paths:
+            link = folder / os.path.basename(path)
+            target = os.path.abspath(path)
+            if os.path.islink(link) and os.readlink(link) == target:
+                continue
+            if os.path.lexists(link):
+                link.unlink()
+            os.symlink(target, link)
+    return str(factor_dir), str(label_dir)
+
+
+def _parse_index(paths: list) -> tuple:
+    """feature_index, label_index, key per line, in file then line order (npyfeed's sample order)."""
+    features, labels, keys, lines = [], [], [], []
+    for path in paths:
+        with open(path, "rb") as f:
+            for raw in f:
+                line = raw.strip()
+                if not line:
+                    continue
+                fi, li, key = line.split(b",")
+                features.append(int(fi))
+                labels.append(int(li))
+                keys.append(key.strip().decode())
+                lines.append(line)
+    return np.array(features, dtype=np.int64), np.array(labels, dtype=np.int64), keys, np.array(lines)
+
+
+def prepare_data(args, dtype: str, log) -> Data:
+    window = args.window
+    spec_window = max(window, DEFAULT_WINDOW)
+    parent = Path(args.dir) if spec_window == DEFAULT_WINDOW else Path(args.dir) / f"window{spec_window}"
+    spec = common.DataSpec(files=args.files, rows=args.rows, cols=args.cols, dtype=dtype,
+                           label_cols=args.labels, window=spec_window)
+    ds = common.make_dataset(parent, spec, log=log)
+    factor_dir, label_dir = _link_dir(parent / "windows-links" / spec.name, ds)
+    log(f"  parsing the index ({len(ds.index_paths)} files) ...")
+    features, labels, keys, lines = _parse_index(ds.index_paths)
+    key_names = list(dict.fromkeys(keys))
+    ids = {k: i for i, k in enumerate(key_names)}
+    key_id = np.array([ids[k] for k in keys], dtype=np.int64)
+    src = npyfeed.WindowSource(ds.index_paths, factor_dir, label_dir, window, mode="read", threads=args.threads)
+    if len(src) != len(features):
+        raise SystemExit(f"npyfeed sees {len(src)} samples, the index parsed here {len(features)}")
+    perm = src.epoch_order(0, shuffle=True, seed=args.seed)  # what src.batches(shuffle=True, seed) yields
+    del src
+    data = Data(ds=ds, window=window, batch=args.batch, threads=args.threads, seed=args.seed, factor_dir=factor_dir,
+                label_dir=label_dir, key_names=key_names, key_id=key_id, feature_index=features,
+                label_index=labels, lines=lines, order=np.asarray(perm, dtype=np.int64), log=log)
+    for path in ds.factor_paths:
+        data.factor_path[os.path.basename(path)[:-4]] = path
+    for path in ds.label_paths:
+        data.label_path[os.path.basename(path)[:-4]] = path
+    return data
+
+
+def reference_batch(data: Data, ids: np.ndarray) -> tuple:
+    """The oracle: per-sample slicing of np.load(mmap_mode="r") arrays, astype(float32)."""
+    w = data.window
+    xs, ys = [], []
+    for i in ids.tolist():
+        key = data.key_names[data.key_id[i]]
+        f = np.load(data.factor_path[key], mmap_mode="r")
+        lab = np.load(data.label_path[key], mmap_mode="r")
+        fi = int(data.feature_index[i])
+        xs.append(np.asarray(f[fi - w + 1: fi + 1], dtype=np.float32))
+        ys.append(np.asarray(lab[int(data.label_index[i])], dtype=np.float32))
+    return np.stack(xs), np.stack(ys)
+
+
+# ------------------------------------------------------------------------------------------ contenders
+#
+# A contender's open(data, batches) does the untimed per-measurement setup and returns run(), which consumes
+# `batches` batches of data.order and returns (samples, first batch); close() releases what open() made.
+
+
+class Contender:
+    tag = ""  # "a".."f" as in the issue, "m" for mmap slicing
+    name = ""
+    caches = ("warm", "cold")
+    needs_tf = False
+    batches_flag = "batches"  # which --*-batches flag sets its batch count
+
+    def __init__(self):
+        self.open_times: list = []
+
+    def open(self, data: Data, batches: int, log) -> Callable[[], tuple]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def setup_text(self, data: Data) -> str:
+        return f"open {statistics.median(self.open_times):.2f} s" if self.open_times else "-"
+
+
+def _count(iterator, batches: int) -> tuple:
+    samples, first = 0, None
+    for b, (x, y) in enumerate(iterator):
+        if first is None:
+            first = (x, y)
+        samples += int(x.shape[0])
+        if b + 1 == batches:
+            break
+    return samples, first
+
+
+class TFPipeline(Contender):
+    needs_tf = True
+
+    def __init__(self, tf):
+        super().__init__()
+        self.tf = tf
+        self.dataset = None
+
+    def close(self) -> None:
+        self.dataset = None
+
+    def _run(self, batches):
+        def run():
+            return _count(iter(self.dataset), batches)
+        return run
+
+    def per_sample(self, data: Data, ids: np.ndarray, fn) -> object:
+        tf, w, f, lc = self.tf, data.window, data.cols, data.label_cols
+
+        def parser(line):
+            x, y = tf.numpy_function(fn, [line], (tf.float32, tf.float32))
+            return tf.reshape(x, (w, f)), tf.reshape(y, (lc,))
+
+        return (tf.data.Dataset.from_tensor_slices(data.lines[ids])
+                .map(parser, num_parallel_calls=USERS_PARALLEL_CALLS).batch(data.batch).prefetch(1))
+
+
+class UsersNpLoad(TFPipeline):
+    tag, name = "a", "(a) users' np.load per sample"
+    batches_flag = "users_batches"
+
+    def open(self, data, batches, log):
+        fdir = {k: os.path.dirname(p) for k, p in data.factor_path.items()}
+        ldir = {k: os.path.dirname(p) for k, p in data.label_path.items()}
+        window = data.window
+
+        def get_data_from_cache(string_message):  # the users' "advice" code, paths from their layout
+            feature_index, label_index, key = string_message.decode().split(',')
+            feature_index = int(feature_index)
+            label_index = int(label_index)
+            factor_arr = np.load(f"{fdir[key]}/{key}.npy")
+            label_arr = np.load(f"{ldir[key]}/{key}.npy")
+            slice_arr = factor_arr[feature_index - window + 1: feature_index + 1]
+            label_value = label_arr[label_index]
+            x_data = slice_arr.astype(np.float32)
+            y_data = label_value.astype(np.float32)
+            return x_data, y_data
+
+        self.dataset = self.per_sample(data, data.ids(batches), get_data_from_cache)
+        return self._run(batches)
+
+    def setup_text(self, data):
+        return "none"
+
+
+class DictPerSample(TFPipeline):
+    tag, name = "b", "(b) dict + per-sample numpy_function"
+    caches = ("warm",)
+    batches_flag = "python_batches"
+
+    def open(self, data, batches, log):
+        factor_dict, label_dict = data.dicts()
+        window = data.window
+
+        def get_data_from_cache(line):
+            feature_index, label_index, key = line.decode().split(",")
+            x = factor_dict[key][int(feature_index) - window + 1: int(feature_index) + 1]
+            y = label_dict[key][int(label_index)]
+            return x.astype(np.float32), y.astype(np.float32)
+
+        self.dataset = self.per_sample(data, data.ids(batches), get_data_from_cache)
+        return self._run(batches)
+
+    def setup_text(self, data):
+        return f"np.load {data.setup.get('dict', float('nan')):.1f} s cold"
+
+
+class DictPerBatch(TFPipeline):
+    tag, name = "c", "(c) dict + per-batch numpy_function"
+    caches = ("warm",)
+    batches_flag = "python_batches"
+
+    def open(self, data, batches, log):
+        tf = self.tf
+        factor_dict, label_dict = data.dicts()
+        w, f, lc = data.window, data.cols, data.label_cols
+
+        def gather_batch(lines):
+            x = np.empty((len(lines), w, f), dtype=np.float32)
+            y = np.empty((len(lines), lc), dtype=np.float32)
+            for i, line in enumerate(lines):
+                feature_index, label_index, key = line.decode().split(",")
+                feature_index = int(feature_index)
+                x[i] = factor_dict[key][feature_index - w + 1: feature_index + 1]
+                y[i] = label_dict[key][int(label_index)]
+            return x, y
+
+        def parser(lines):
+            x, y = tf.numpy_function(gather_batch, [lines], (tf.float32, tf.float32))
+            return tf.ensure_shape(x, (None, w, f)), tf.ensure_shape(y, (None, lc))
+
+        self.dataset = (tf.data.Dataset.from_tensor_slices(data.lines[data.ids(batches)]).batch(data.batch)
+                        .map(parser, num_parallel_calls=USERS_PARALLEL_CALLS).prefetch(1))
+        return self._run(batches)
+
+    def setup_text(self, data):
+        return f"np.load {data.setup.get('dict', float('nan')):.1f} s cold"
+
+
+class NumpyVectorised(Contender):
+    tag, name = "d", "(d) numpy vectorised (window view)"
+    caches = ("warm",)
+
+    def open(self, data, batches, log):
+        windows, row0, lab_flat, lab_row, _, _ = data.stacked()
+        ids, b = data.ids(batches), data.batch
+
+        def run():
+            samples, first = 0, None
+            for start in range(0, len(ids), b):
+                chunk = ids[start:start + b]
+                x = windows[row0[chunk]]  # (B, W, F): one fancy index, a W*F block per sample
+                y = lab_flat[lab_row[chunk]]
+                if first is None:
+                    first = (x, y)
+                samples += len(chunk)
+            return samples, first
+        return run
+
+    def setup_text(self, data):
+        return (f"np.load {data.setup.get('dict', float('nan')):.1f} s cold"
+                f" + stack {data.setup.get('stack', float('nan')):.1f} s")
+
+
+class MmapSlicing(Contender):
+    tag, name = "m", "np mmap slicing per sample"
+    batches_flag = "python_batches"
+
+    def __init__(self):
+        super().__init__()
+        self.arrays = None
+
+    def open(self, data, batches, log):
+        t0 = time.perf_counter()
+        factors = {k: np.load(p, mmap_mode="r") for k, p in data.factor_path.items()}
+        labels = {k: np.load(p, mmap_mode="r") for k, p in data.label_path.items()}
+        self.open_times.append(time.perf_counter() - t0)
+        self.arrays = (factors, labels)
+        ids, b, w = data.ids(batches), data.batch, data.window
+        names, key_id, fidx, lidx = data.key_names, data.key_id, data.feature_index, data.label_index
+        f, lc = data.cols, data.label_cols
+
+        def run():
+            samples, first = 0, None
+            for start in range(0, len(ids), b):
+                chunk = ids[start:start + b].tolist()
+                x = np.empty((len(chunk), w, f), dtype=np.float32)
+                y = np.empty((len(chunk), lc), dtype=np.float32)
+                for i, s in enumerate(chunk):
+                    key = names[key_id[s]]
+                    fi = int(fidx[s])
+                    x[i] = factors[key][fi - w + 1: fi + 1]
+                    y[i] = labels[key][lidx[s]]
+                if first is None:
+                    first = (x, y)
+                samples += len(chunk)
+            return samples, first
+        return run
+
+    def close(self):
+        self.arrays = None  # unmaps: the pages can then be evicted
+
+
+class Npyfeed(Contender):
+    tag = "e"
+
+    def __init__(self, mode: str, caches=("warm", "cold")):
+        super().__init__()
+        self.mode = mode
+        self.caches = caches
+        self.name = f"(e) npyfeed batches {mode}"
+        self.src = None
+
+    def make_source(self, data: Data):
+        t0 = time.perf_counter()
+        src = npyfeed.WindowSource(data.ds.index_paths, data.factor_dir, data.label_dir, data.window,
+                                   mode=self.mode, threads=data.threads)
+        self.open_times.append(time.perf_counter() - t0)
+        if len(src) != len(data.feature_index):
+            raise SystemExit(f"npyfeed sees {len(src)} samples, the index parsed here {len(data.feature_index)}")
+        return src
+
+    def open(self, data, batches, log):
+        self.src = self.make_source(data)
+        seed = data.seed
+
+        def run():
+            it = self.src.batches(data.batch, shuffle=True, seed=seed, epoch=0)
+            try:
+                return _count(it, batches)
+            finally:
+                it.close()
+        return run
+
+    def close(self):
+        self.src = None
+
+
+class NpyfeedArrays(Npyfeed):
+    """WindowSource.from_arrays over the preloaded dict: the same C++ gather, reading anonymous memory."""
+
+    def __init__(self):
+        super().__init__("memory", caches=("warm",))
+        self.name = "(e) npyfeed batches from_arrays(dict)"
+
+    def make_source(self, data):
+        factors, labels = data.dicts()
+        t0 = time.perf_counter()
+        src = npyfeed.WindowSource.from_arrays(data.ds.index_paths, factors, labels, data.window, threads=data.threads)
+        self.open_times.append(time.perf_counter() - t0)
+        return src
+
+    def setup_text(self, data):
+        return f"np.load {data.setup.get('dict', float('nan')):.1f} s cold"
+
+
+class NpyfeedTF(Npyfeed):
+    tag = "f"
+    needs_tf = True
+
+    def __init__(self, mode: str = "mmap", caches=("warm", "cold")):
+        super().__init__(mode, caches)
+        self.name = f"(f) npyfeed.tf.dataset {mode}"
+        self.dataset = None
+
+    def open(self, data, batches, log):
+        import npyfeed.tf as nftf
+
+        self.src = self.make_source(data)
+        # A new dataset per measurement: its first pass is epoch 0, the order every contender uses.
+        self.dataset = nftf.dataset(self.src, data.batch, shuffle=True, seed=data.seed)
+
+        def run():
+            return _count(iter(self.dataset), batches)
+        return run
+
+    def close(self):
+        self.dataset = None
+        self.src = None
+
+
+def build_contenders(args, tf) -> list:
+    out = []
+    if tf is not None:
+        out += [UsersNpLoad(tf), DictPerSample(tf), DictPerBatch(tf)]
+    out += [NumpyVectorised(), MmapSlicing(), Npyfeed("mmap"), Npyfeed("read"), Npyfeed("direct", caches=("cold",)),
+            NpyfeedArrays()]
+    if tf is not None:
+        if importlib.util.find_spec("npyfeed.tf") is not None:
+            out.append(NpyfeedTF("mmap"))
+        else:
+            print("note: npyfeed.tf is not installed yet: (f) skipped", file=sys.stderr)
+    if args.only:
+        wanted = {w.strip() for w in args.only.split(",") if w.strip()}
+        out = [c for c in out if c.tag in wanted or c.name in wanted
+               or (isinstance(c, Npyfeed) and f"{c.tag}-{c.mode}" in wanted)]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ run
+
+
+@dataclass
+class Result:
+    contender: Contender
+    dtype: str
+    cache: str
+    batches: int
+    rates: list = field(default_factory=list)  # samples/s per round
+    cpu_us: list = field(default_factory=list)  # process CPU microseconds (user + system, all threads) per sample
+
+    @property
+    def best(self) -> float:
+        return max(self.rates)
+
+    @property
+    def best_cpu_us(self) -> float:
+        return self.cpu_us[self.rates.index(self.best)]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rates)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    common.add_data_args(p, files=400, rows=4800, cols=256, dtype="float32")
+    for action in p._actions:  # --dtype is add_data_args'; here --dtypes lists the sources measured
+        if action.dest == "dtype":
+            action.default, action.help = None, "measure only this source dtype (shorthand for --dtypes DTYPE)"
+    g = p.add_argument_group("windows")
+    g.add_argument("--dtypes", default="float32,float64",
+                   help="comma-separated source dtypes, one data set each (default float32,float64)")
+    g.add_argument("--labels", type=int, default=common.DataSpec.label_cols,
+                   help=f"label columns L (default {common.DataSpec.label_cols})")
+    g.add_argument("--window", type=int, default=DEFAULT_WINDOW, help=f"window W (default {DEFAULT_WINDOW})")
+    g.add_argument("--batch", type=int, default=256, help="batch size B (default 256)")
+    g.add_argument("--batches", type=int, default=200,
+                   help="batches per warm measurement of the fast contenders (d, e, f) (default 200)")
+    g.add_argument("--cold-batches", type=int, default=20,
+                   help="batches per cold measurement (default 20: few enough that windows rarely share pages "
+                        "already read, so the cache stays cold)")
+    g.add_argument("--python-batches", type=int, default=40,
+                   help="batches per warm measurement of the per-sample Python contenders (b, c, mmap slicing) "
+                        "(default 40)")
+    g.add_argument("--users-batches", type=int, default=2,
+                   help="batches per measurement of (a), warm and cold (default 2; it is that slow)")
+    g.add_argument("--seed", type=int, default=0, help="shuffle seed, the same for every contender (default 0)")
+    g.add_argument("--random-reads", type=int, default=2000,
+                   help="reads per random-read probe of the disk limit (default 2000)")
+    g.add_argument("--no-tf", action="store_true",
+                   help="skip the TensorFlow contenders (a, b, c, f): no TensorFlow import")
+    g.add_argument("--only", default=None,
+                   help="comma-separated tags to run only some contenders: a,b,c,d,m,e,f or e-mmap,e-read,e-direct")
+    args = p.parse_args(argv)
+    args.dtypes = [args.dtype] if args.dtype else [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    if args.quick:
+        args.files, args.rows, args.cols = min(args.files, 6), min(args.rows, 200), min(args.cols, 32)
+        args.batch = min(args.batch, 16)
+        args.batches = min(args.batches, 3)
+        args.cold_batches = min(args.cold_batches, 2)
+        args.python_batches = min(args.python_batches, 2)
+        args.users_batches = min(args.users_batches, 1)
+        args.random_reads = min(args.random_reads, 64)
+        args.repeats = 1
+    for name in ("window", "batch", "batches", "cold_batches", "python_batches", "users_batches", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def batches_for(args, contender: Contender, cache: str) -> int:
+    if contender.batches_flag == "users_batches":
+        return args.users_batches
+    if cache == "cold":
+        return args.cold_batches
+    return getattr(args, contender.batches_flag)
+
+
+def check_outputs(data: Data, contenders: list, args, log) -> None:
+    """Untimed: every contender's first batch equals the oracle (same samples, same order, same values)."""
+    ids = data.ids(1)
+    want_x, want_y = reference_batch(data, ids)
+    for c in contenders:
+        run = c.open(data, 1, log)
+        try:
+            samples, (x, y) = run()
+        finally:
+            c.close()
+        x, y = np.asarray(x), np.asarray(y)
+        if x.dtype != np.float32 or not (np.array_equal(x, want_x) and np.array_equal(y, want_y.reshape(y.shape))):
+            raise SystemExit(f"{c.name} ({data.ds.spec.dtype}): first batch differs from per-sample slicing")
+    for c in contenders:
+        c.open_times.clear()  # the check's opens paid one-off costs (first TF trace, thread pool start)
+
+
+def run_dtype(args, dtype, tf, limits, log) -> tuple:
+    log(f"== source dtype {dtype}")
+    data = prepare_data(args, dtype, log)
+    contenders = build_contenders(args, tf)
+    log(f"  checking every contender against per-sample slicing ({len(contenders)} contenders) ...")
+    check_outputs(data, contenders, args, log)
+    results, residency = [], 0.0
+    window_bytes = data.window * data.cols * np.dtype(dtype).itemsize
+    for cache in ("warm", "cold"):
+        active = [c for c in contenders if cache in c.caches]
+        if not active:
+            continue
+        res = {c: Result(c, dtype, cache, batches_for(args, c, cache)) for c in active}
+        if cache == "warm":
+            log("  warming the page cache ...")
+            common.warm(data.paths)
+        else:
+            data.release()  # the preloaded arrays have no cold row: give their memory back
+        for rnd in range(args.repeats):
+            # The limit probe runs in the round, beside the contenders.
+            if cache == "warm":
+                limits["copy"].append(common.memcpy_bandwidth(args.threads, args.copy_bytes, repeats=3))
+            else:
+                rr = common.odirect_random_bandwidth(data.ds.factor_paths, args.threads, block=window_bytes,
+                                                     reads=args.random_reads, seed=rnd)
+                limits.setdefault(f"random_{dtype}", []).append(None if rr is None else rr.gbps)
+            shift = rnd % len(active)
+            for c in active[shift:] + active[:shift]:
+                r = res[c]
+                gc.collect()
+                if cache == "cold":
+                    common.evict(data.paths)
+                    frac = common.cached_fraction(data.paths)
+                    if frac is not None:
+                        residency = max(residency, frac)
+                run = c.open(data, r.batches, log)
+                try:
+                    cpu0 = _cpu_seconds()
+                    t0 = time.perf_counter()
+                    samples, _ = run()
+                    elapsed = time.perf_counter() - t0
+                    cpu = _cpu_seconds() - cpu0
+                finally:
+                    del run  # its closure may hold mappings: drop it, or the next eviction cannot
+                    c.close()
+                r.rates.append(samples / elapsed)
+                r.cpu_us.append(cpu / samples * 1e6)
+                log(f"  {cache} round {rnd + 1}/{args.repeats}  {c.name:40s} {samples / elapsed:12,.0f} samples/s")
+        results += list(res.values())
+    if "cold" in {r.cache for r in results}:
+        rr = common.odirect_random_bandwidth(data.ds.factor_paths, 4 * args.threads, block=window_bytes,
+                                             reads=args.random_reads, seed=99)
+        limits.setdefault(f"random_{dtype}_qd{4 * args.threads}", []).append(None if rr is None else rr.gbps)
+    setups = {r.contender: r.contender.setup_text(data) for r in results}
+    for c in contenders:
+        c.open_times.clear()
+    data.release()
+    gc.collect()
+    return results, setups, residency, window_bytes
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def best(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.threads = common.resolve_threads(args.threads)
+    args.copy_bytes = (8 << 20) if args.quick else (64 << 20)
+    log = (lambda s: print(s, file=sys.stderr, flush=True))
+    tf = None
+    if not args.no_tf:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tensorflow as tf  # noqa: PLC0415 (lazy: --no-tf runs without it)
+
+    load_before = os.getloadavg()
+    limits: dict = {"copy": []}
+    log("limits: memory copy, 1 thread ...")
+    copy_1 = common.memcpy_bandwidth(1, args.copy_bytes, repeats=2 if args.quick else 5)
+    all_results, setups, residency, window_bytes = [], {}, 0.0, {}
+    for dtype in args.dtypes:
+        res, st, frac, wb = run_dtype(args, dtype, tf, limits, log)
+        all_results += res
+        setups.update({(c, dtype): s for c, s in st.items()})
+        residency = max(residency, frac)
+        window_bytes[dtype] = wb
+
+    out_sample_bytes = args.window * args.cols * 4  # float32 x output per sample
+    copy_gbps = best(limits["copy"])
+    limit_rate = {}  # (dtype, cache) -> (name, samples/s)
+    for dtype in args.dtypes:
+        if copy_gbps:
+            limit_rate[(dtype, "warm")] = (f"copy x{args.threads}", copy_gbps * common.GB / out_sample_bytes)
+        rr = best(limits.get(f"random_{dtype}", []))
+        if rr:
+            limit_rate[(dtype, "cold")] = (f"rand read x{args.threads}", rr * common.GB / window_bytes[dtype])
+
+    by = {(r.contender.tag if not isinstance(r.contender, Npyfeed) else f"{r.contender.tag}-{r.contender.mode}",
+           r.dtype, r.cache): r for r in all_results}
+    rows, results_json = [], []
+    for r in all_results:
+        a = by.get(("a", r.dtype, r.cache))
+        e = by.get(("e-mmap", r.dtype, r.cache))
+        lim_name, lim = limit_rate.get((r.dtype, r.cache), ("-", None))
+        vs_a = r.best / a.best if a else None
+        vs_e = r.best / e.best if e else None
+        vs_lim = r.best / lim if lim else None
+        rows.append([r.contender.name, r.dtype, r.cache, r.batches, f"{r.best:,.0f}", f"{r.median:,.0f}",
+                     f"{r.best_cpu_us:,.1f}", common.fmt(vs_a, ".1f", "x"), common.fmt(vs_e, ".2f", "x"), lim_name,
+                     common.fmt(vs_lim, ".2f", "x"), setups.get((r.contender, r.dtype), "-")])
+        results_json.append({"name": r.contender.name, "tag": r.contender.tag, "dtype": r.dtype, "cache": r.cache,
+                             "batches": r.batches, "samples_per_s": r.rates, "cpu_us_per_sample": r.cpu_us,
+                             "best": r.best, "median": r.median,
+                             "vs_a": vs_a, "vs_e_mmap": vs_e, "limit": lim_name, "limit_samples_per_s": lim,
+                             "vs_limit": vs_lim, "setup": setups.get((r.contender, r.dtype))})
+
+    load_after = os.getloadavg()
+    spec = f"{args.files} files x ({args.rows}, {args.cols})"
+    print()
+    print(f"npyfeed {npyfeed.__version__} bench_windows: {spec}, W={args.window}, B={args.batch}, "
+          f"L={args.labels}, sources {','.join(args.dtypes)} -> float32, threads={args.threads}, "
+          f"rounds={args.repeats}, seed={args.seed}, data in {args.dir}")
+    print(f"load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after, on {common.machine_info()['cpus']} "
+          "CPUs: above the CPU count, other processes took CPU time from these measurements (ratios within a round "
+          "stay comparable; cpu us/smp is the work done)")
+    print()
+    print("limits (same run, best probe)")
+    lim_rows = [["memory copy x1", f"{copy_1:.2f}", f"{copy_1 * common.GB / out_sample_bytes:,.0f}",
+                 f"{out_sample_bytes} B x out"]]
+    if copy_gbps:
+        lim_rows.append([f"memory copy x{args.threads}", f"{copy_gbps:.2f}",
+                         f"{copy_gbps * common.GB / out_sample_bytes:,.0f}", f"{out_sample_bytes} B x out"])
+    for name, values in limits.items():
+        if name.startswith("random_"):
+            dtype, qd = name[len("random_"):], args.threads
+            if "_qd" in dtype:
+                dtype, qd = dtype.split("_qd")
+            g = best(values)
+            rate = None if g is None else g * common.GB / window_bytes[dtype]
+            lim_rows.append([f"O_DIRECT random read x{qd} ({dtype})", common.fmt(g, ".2f"),
+                             "-" if rate is None else f"{rate:,.0f}", f"{window_bytes[dtype]} B windows"])
+    print(common.format_table(("limit", "GB/s", "samples/s", "per sample"), lim_rows, align="lrrl"))
+    print()
+    print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrlrl"))
+    print()
+    print("samples/s = best round (median beside it); x (a) / x (e) = against (a) and (e) npyfeed mmap, same source "
+          "dtype and cache; cpu us/smp = CPU time of this process (all threads: npyfeed's, TensorFlow's) per sample in "
+          "the best round; x limit = against the limit named (warm: memory copy of the float32 x output; cold: "
+          "O_DIRECT random reads of source windows). Cold = all data files evicted before each measurement (max "
+          f"page-cache residency after eviction: {residency:.1%}). setup = untimed per-measurement open (median), "
+          "or the one-off preload the contender needs.")
+
+    targets = evaluate_targets(by, limit_rate, args.dtypes)
+    print()
+    print("targets (issue 3, 2-core machine; best rounds)")
+    print(common.format_table(("target", "src", "measured", "needed", "status"),
+                              [[t["target"], t["dtype"], t["measured"], t["needed"], t["status"]] for t in targets],
+                              align="llrrl"))
+    if args.quick:
+        print("\n(--quick: tiny sizes, one round; these numbers mean nothing)")
+    if args.json:
+        common.write_json(args.json, {
+            "bench": "bench_windows", "config": vars(args), "machine": common.machine_info(),
+            "load_average": {"before": load_before, "after": load_after},
+            "limits_gbps": {k: v for k, v in limits.items()} | {"copy_1": copy_1},
+            "limits_samples_per_s": {f"{d}/{c}": v for (d, c), v in limit_rate.items()},
+            "results": results_json, "targets": targets, "max_residency_after_evict": residency})
+    return 0
+
+
+def evaluate_targets(by, limit_rate, dtypes) -> list:
+    out = []
+
+    def add(target, dtype, value, needed, threshold, shown=None):
+        ok = None if value is None else value >= threshold
+        out.append({"target": target, "dtype": dtype, "value": value, "needed": needed,
+                    "measured": shown if shown is not None else common.fmt(value, ".3f", "x"),
+                    "status": "n/a" if ok is None else ("met" if ok else "MISSED"), "met": ok})
+
+    def ratio(x, y):
+        return x.best / y.best if (x and y) else None
+
+    for dtype in dtypes:
+        copy = limit_rate.get((dtype, "warm"))
+        for mode in ("mmap", "read"):
+            e = by.get((f"e-{mode}", dtype, "warm"))
+            if e:
+                add(f"(e) {mode} warm vs {copy[0] if copy else 'copy'} limit", dtype,
+                    e.best / copy[1] if copy else None, ">= 0.800x", 0.8)
+        f, e, a = by.get(("f-mmap", dtype, "warm")), by.get(("e-mmap", dtype, "warm")), by.get(("a", dtype, "warm"))
+        if f:
+            add("(f) warm vs (e) mmap warm", dtype, ratio(f, e), ">= 0.800x", 0.8)
+            add("(f) warm vs (a) warm", dtype, ratio(f, a), ">= 75x", 75, common.fmt(ratio(f, a), ".0f", "x"))
+        disk = limit_rate.get((dtype, "cold"))
+        m = by.get(("m", dtype, "cold"))
+        for mode in ("mmap", "read", "direct"):
+            e = by.get((f"e-{mode}", dtype, "cold"))
+            if e:
+                add(f"(e) {mode} cold vs {disk[0] if disk else 'random read'} limit", dtype,
+                    e.best / disk[1] if disk else None, ">= 0.800x", 0.8)
+                add(f"(e) {mode} cold vs np mmap slicing cold", dtype, ratio(e, m), ">= 5x", 5,
+                    common.fmt(ratio(e, m), ".2f", "x"))
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
