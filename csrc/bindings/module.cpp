@@ -183,7 +183,7 @@ py::list load_many(const std::vector<std::string>& paths, const std::string& mod
   options.max_header_size = max_header_size;
   options.populate = populate;
   ManyLoad load(paths, options);
-  ThreadPool& pool = shared_pool(options.threads);
+  ThreadPool& pool = shared_pool();
   auto tick = [&] {
     if (progress) progress(load.bytes_done(), load.bytes_total());
   };
@@ -276,7 +276,7 @@ std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::v
                                                 const std::string& dtype, const std::string& bounds, const std::string& mode,
                                                 std::size_t threads, std::size_t max_header_size) {
   auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size, false));
-  wait_interruptibly(without_gil([&] { return source->start_open(shared_pool(source->options().threads), factor_paths, label_paths); }));
+  wait_interruptibly(without_gil([&] { return source->start_open(shared_pool(), factor_paths, label_paths); }));
   without_gil([&] { source->finish_open(); });
   return source;
 }
@@ -401,7 +401,7 @@ PYBIND11_MODULE(_core, m) {
         const std::size_t n = v.size();
         auto x = std::make_shared<AlignedBuffer>(n * s->x_sample_bytes());
         auto y = std::make_shared<AlignedBuffer>(n * s->y_sample_bytes());
-        wait_interruptibly(s->start_gather(shared_pool(s->options().threads), std::move(v), x->data(), y->data()));
+        wait_interruptibly(s->start_gather(shared_pool(), std::move(v), x->data(), y->data()));
         return py::make_tuple(wrap_batch(x, n, s->x_shape(), s->options().out_size), wrap_batch(y, n, s->y_shape(), s->options().out_size));
       })
       .def("stream", [](const std::shared_ptr<WindowSource>& s, const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& order,

@@ -82,10 +82,11 @@ class ThreadPool {
   bool stopping_ = false;
 };
 
-/// The process-wide pool, grown to at least `threads`. After fork() the child gets a fresh pool (the
-/// parent's threads do not exist there); the old one is deliberately leaked. The pool is never destroyed,
-/// so interpreter exit with work in flight cannot join a thread that waits for the GIL.
-ThreadPool& shared_pool(std::size_t threads);
+/// The process-wide pool, grown to at least `min_threads` (jobs grow it to the workers they use anyway,
+/// never beyond their number of items). After fork() the child gets a fresh pool (the parent's threads do
+/// not exist there); the old one is deliberately leaked. The pool is never destroyed, so interpreter exit
+/// with work in flight cannot join a thread that waits for the GIL.
+ThreadPool& shared_pool(std::size_t min_threads = 0);
 
 /// CPUs this process may run on (sched_getaffinity), at least 1.
 std::size_t available_cpus();

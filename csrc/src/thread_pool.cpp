@@ -138,14 +138,14 @@ const bool g_atfork_registered = [] {
 }();
 }  // namespace
 
-ThreadPool& shared_pool(std::size_t threads) {
+ThreadPool& shared_pool(std::size_t min_threads) {
   std::lock_guard lock(g_pool_mutex);
   if (g_pool == nullptr || g_pool_pid != ::getpid()) {
     // In a forked child the old pool's threads are gone and its mutexes may be held forever: abandon it.
     g_pool = new ThreadPool(0);
     g_pool_pid = ::getpid();
   }
-  g_pool->ensure_size(threads);
+  g_pool->ensure_size(min_threads);
   return *g_pool;
 }
 

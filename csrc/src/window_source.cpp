@@ -595,7 +595,7 @@ void BatchStream::fill() {
     p.batch.count = count;
     p.batch.x = buffers_->acquire(count * source_->x_sample_bytes());
     p.batch.y = buffers_->acquire(count * source_->y_sample_bytes());
-    p.job = source_->start_gather(shared_pool(source_->options().threads), std::move(ids), p.batch.x->data(), p.batch.y->data());
+    p.job = source_->start_gather(shared_pool(), std::move(ids), p.batch.x->data(), p.batch.y->data());
     pending_.push_back(std::move(p));
     ++next_start_;
   }

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 
+#: More threads than this is a mistake (a pool thread per request would exhaust the process).
+MAX_THREADS = 1024
+
 
 def resolve_threads(threads: int | None) -> int:
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int):
             raise TypeError(f"threads must be an int or None, not {type(threads).__name__}")
-        if threads < 1:
-            raise ValueError(f"threads must be at least 1, got {threads}")
+        if not 1 <= threads <= MAX_THREADS:
+            raise ValueError(f"threads must be between 1 and {MAX_THREADS}, got {threads}")
         return threads
     env = os.environ.get("NPYFEED_THREADS", "").strip()
     if env:
@@ -18,8 +21,8 @@ def resolve_threads(threads: int | None) -> int:
             value = int(env)
         except ValueError:
             raise ValueError(f"NPYFEED_THREADS must be a positive integer, got {env!r}") from None
-        if value < 1:
-            raise ValueError(f"NPYFEED_THREADS must be a positive integer, got {env!r}")
+        if not 1 <= value <= MAX_THREADS:
+            raise ValueError(f"NPYFEED_THREADS must be an integer between 1 and {MAX_THREADS}, got {env!r}")
         return value
     try:
         return max(1, len(os.sched_getaffinity(0)))
