@@ -21,6 +21,12 @@ using namespace npyfeed;
 
 namespace {
 
+// Text that may hold file names: decoded as Python decodes paths (surrogateescape), so a name that is not
+// utf-8 still round-trips into the message and `.filename`.
+py::str os_text(const std::string& s) {
+  return py::reinterpret_steal<py::str>(PyUnicode_DecodeFSDefaultAndSize(s.data(), static_cast<Py_ssize_t>(s.size())));
+}
+
 py::object literal_to_python(const detail::PyLiteral& v) {
   using K = detail::PyLiteral::Kind;
   switch (v.kind) {
@@ -55,7 +61,8 @@ py::dtype dtype_of(const NpyHeader& header, const std::string& path) {
   try {
     dtype = py::reinterpret_borrow<py::dtype>(descr_to_dtype(literal_to_python(header.descr)));
   } catch (py::error_already_set& e) {
-    throw NpyFormatError(path, 0, std::string("invalid dtype descr: ") + e.what());
+    // Only numpy's message, not pybind11's traceback lines.
+    throw NpyFormatError(path, 0, "invalid dtype descr: " + py::str(e.value()).cast<std::string>());
   }
   if (static_cast<std::uint64_t>(dtype.itemsize()) != header.itemsize) {
     throw NpyFormatError(path, 0, "unsupported dtype descr (numpy and npyfeed disagree on its item size)");
@@ -311,19 +318,19 @@ PYBIND11_MODULE(_core, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const NpyFormatError& e) {
-      py::object error = py::reinterpret_borrow<py::object>(npy_format_error)(e.what());
-      error.attr("path") = e.path();
+      py::object error = py::reinterpret_borrow<py::object>(npy_format_error)(os_text(e.what()));
+      error.attr("path") = os_text(e.path());
       error.attr("offset") = e.offset();
-      error.attr("reason") = e.reason();
+      error.attr("reason") = os_text(e.reason());
       PyErr_SetObject(npy_format_error.ptr(), error.ptr());
     } catch (const OsError& e) {
-      py::object error = py::reinterpret_steal<py::object>(
-          PyObject_CallFunction(PyExc_OSError, "isO", e.error_number(), e.strerror_text().c_str(), py::str(e.path()).ptr()));
+      py::object error = py::reinterpret_steal<py::object>(PyObject_CallFunction(
+          PyExc_OSError, "iOO", e.error_number(), os_text(e.strerror_text()).ptr(), os_text(e.path()).ptr()));
       if (error) PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
     } catch (const IndexOutOfRange& e) {
-      PyErr_SetString(PyExc_IndexError, e.what());
+      PyErr_SetObject(PyExc_IndexError, os_text(e.what()).ptr());
     } catch (const InvalidArgument& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      PyErr_SetObject(PyExc_ValueError, os_text(e.what()).ptr());
     } catch (const Cancelled& e) {
       PyErr_SetString(PyExc_KeyboardInterrupt, "cancelled");
     }

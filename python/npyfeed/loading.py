@@ -60,6 +60,11 @@ def _fspath(path) -> str:
     return path
 
 
+def _native(path: str) -> bytes:
+    """The path as the OS sees it: bytes, so names that are not valid utf-8 reach the C++ core intact."""
+    return os.fsencode(path)
+
+
 def _check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -86,7 +91,7 @@ def read_header(path, *, max_header_size: int = 10000) -> Header:
     OSError
         The file cannot be opened or read (``FileNotFoundError``, ``IsADirectoryError``, ...).
     """
-    return Header(**_core.read_header(_fspath(path), max_header_size))
+    return Header(**_core.read_header(_native(_fspath(path)), max_header_size))
 
 
 def load(path, *, mode: str = "auto", threads: int | None = None, populate: bool = False,
@@ -142,7 +147,7 @@ def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None
     nthreads = resolve_threads(threads)
     bar = _progress_bar(progress, len(paths))
     try:
-        results = _core.load_many(paths, core_mode, nthreads, max_header_size, populate,
+        results = _core.load_many([_native(p) for p in paths], core_mode, nthreads, max_header_size, populate,
                                   bar.update_to if bar is not None else None)
     finally:
         if bar is not None:

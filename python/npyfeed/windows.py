@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _core
 from ._threads import resolve_threads
-from .loading import _check_mode, _fspath
+from .loading import _check_mode, _fspath, _native
 
 __all__ = ["WindowSource", "BatchIterator", "BOUNDS"]
 
@@ -85,12 +85,12 @@ class WindowSource:
         window, out_dtype = _check_common(window, dtype, bounds)
         core_mode = "mmap" if mode == "auto" else _check_mode(mode)
         nthreads = resolve_threads(threads)
-        index = _core.read_index_files(_index_paths(index_files))
+        index = _core.read_index_files([_native(p) for p in _index_paths(index_files)])
         factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
         keys = index.keys
         factor_paths = [os.path.join(factor_dir, k + ".npy") for k in keys]
         label_paths = [os.path.join(label_dir, k + ".npy") for k in keys]
-        core = _core.open_window_files(index, factor_paths, label_paths, window, out_dtype.name, bounds, core_mode,
+        core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, out_dtype.name, bounds, core_mode,
                                        nthreads, max_header_size)
         self._init(core, index, window, out_dtype, core_mode, nthreads, arrays=None)
 
@@ -111,7 +111,7 @@ class WindowSource:
         nthreads = resolve_threads(threads)
         if isinstance(index, (str, bytes, os.PathLike)) or (
                 isinstance(index, Sequence) and index and isinstance(index[0], (str, bytes, os.PathLike))):
-            core_index = _core.read_index_files(_index_paths(index))
+            core_index = _core.read_index_files([_native(p) for p in _index_paths(index)])
         else:
             core_index = _index_from_tuples(index)
         keys = core_index.keys

@@ -562,9 +562,7 @@ def _cases() -> list:
     add("file_symlink_loop", "OSError", "OSError", build=_symlink_loop, errno="ELOOP")
     add("file_dangling_symlink", "FileNotFoundError", "FileNotFoundError", build=_dangling)
     add("file_symlink_to_good", ok, ok, build=_symlink_to_good)
-    add("file_name_not_utf8", ok, ok, build=_name_not_utf8,
-        known_bug="a file name that is not utf-8 reaches the binding as a surrogate-escaped str, which pybind11 "
-                  "cannot convert to std::string: TypeError (loading._fspath could pass os.fsencode(path))")
+    add("file_name_not_utf8", ok, ok, build=_name_not_utf8)
     return cases
 
 
