@@ -26,7 +26,8 @@ inline std::uint64_t align_up(std::uint64_t x, std::uint64_t a) { return (x + a 
 /// Reads file bytes [offset, offset + length) with O_DIRECT so that they land at `dest`. The aligned
 /// range around them is read: `dest - offset % align` must be aligned to `align`, and that much head
 /// room and `align` bytes of tail room must be writable. Returns false (nothing promised about `dest`)
-/// when the filesystem refuses the aligned read (EINVAL), so the caller can fall back to buffered IO.
+/// when the filesystem refuses the aligned read (EINVAL), or when reads stop short inside a block (the file
+/// ends there, or the device returns short reads), so the caller can fall back to buffered IO.
 /// Throws OsError, or NpyFormatError when the file ends early.
 bool read_direct_into(const File& file, std::size_t align, std::byte* dest, std::uint64_t offset, std::uint64_t length);
 

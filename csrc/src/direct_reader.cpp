@@ -31,18 +31,22 @@ bool read_direct_into(const File& file, std::size_t align, std::byte* dest, std:
   const std::uint64_t start = align_down(offset, align);
   const std::uint64_t end = align_up(offset + length, align);
   std::byte* base = dest - (offset - start);
-  std::uint64_t done = 0;
-  while (start + done < end) {
-    std::uint64_t want = std::min<std::uint64_t>(end - start - done, 1u << 30);
-    ssize_t got = ::pread(file.fd(), base + done, want, static_cast<off_t>(start + done));
+  std::uint64_t done = 0;  // bytes read from `start` on
+  while (start + done < offset + length) {
+    // A short read may stop anywhere, but O_DIRECT can only go on from an aligned position: read the
+    // partial block again. Where that brings nothing new, the file ends inside that block or the reads
+    // keep stopping short: buffered reads, which go on from any offset, finish or find the end.
+    const std::uint64_t at = align_down(done, align);
+    std::uint64_t want = std::min<std::uint64_t>(end - start - at, 1u << 30);
+    ssize_t got = ::pread(file.fd(), base + at, want, static_cast<off_t>(start + at));
     if (got < 0) {
       if (errno == EINTR) continue;
       if (errno == EINVAL) return false;
       throw OsError(errno, file.path(), "cannot read (O_DIRECT)");
     }
-    if (got == 0) break;
-    done += static_cast<std::uint64_t>(got);
-    if (got % static_cast<ssize_t>(align) != 0) break;  // a short, unaligned read only happens at end of file
+    if (got == 0 && at == done) break;  // end of file at a block boundary
+    if (at + static_cast<std::uint64_t>(got) <= done) return false;
+    done = at + static_cast<std::uint64_t>(got);
   }
   if (start + done < offset + length) {
     throw NpyFormatError(file.path(), start + done,
