@@ -1,0 +1,319 @@
+"""Fault injection through the public API (`npyfeed.load`, `npyfeed.load_many`).
+
+Read faults come from an LD_PRELOAD shim (tests/faults/shim.c, compiled here with cc) that makes chosen
+`pread` calls on chosen files fail with EIO or EINTR, return short, return 0 early (a file that ends
+sooner than it did when it was opened), or pause until the test has deleted or replaced the file. Loads
+under the shim run in a subprocess that prints its outcome as JSON; the subprocess timeout only turns a
+hang into a failure. Also: thousands of files under a low `ulimit -n`, and one bad file among many big
+ones. (KeyboardInterrupt during a load is tested in test_concurrency.py.)
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import npyfeed
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD, /proc and O_DIRECT are Linux")
+
+MODES = ["read", "direct", "mmap"]
+SHIM_SOURCE = Path(__file__).parent / "faults" / "shim.c"
+HANG_GUARD_S = 300  # a subprocess still running after this is a hang, not a slow machine
+
+# Loads `paths` and prints what happened; compares with the reference copies in `refs` (their names do
+# not match the shim's pattern, so reading them is never faulted).
+CHILD = textwrap.dedent(
+    """
+    import json, os, sys, threading
+    import numpy as np
+    import npyfeed
+
+    args = json.loads(sys.argv[1])
+
+    def outcome():
+        try:
+            arrays = npyfeed.load_many(args["paths"], mode=args["mode"], threads=args["threads"])
+        except Exception as e:
+            return {"ok": False, "type": type(e).__name__, "oserror": isinstance(e, OSError),
+                    "format_error": isinstance(e, npyfeed.NpyFormatError), "errno": getattr(e, "errno", None),
+                    "filename": getattr(e, "filename", None), "message": str(e)}
+        equal = []
+        for a, ref in zip(arrays, args["refs"]):
+            r = np.load(ref)
+            equal.append(a.dtype == r.dtype and a.shape == r.shape and a.tobytes() == r.tobytes())
+        return {"ok": True, "equal": equal}
+
+    change = args.get("change")  # while the load is held by the shim: "replace" or "delete" the file
+    if change is None:
+        result = outcome()
+    else:
+        box = {}
+        loader = threading.Thread(target=lambda: box.update(outcome()))
+        loader.start()
+        marker = os.environ["NPYFEED_FAULT_PAUSE_FILE"]
+        while not os.path.exists(marker) and loader.is_alive():
+            loader.join(0.001)
+        if os.path.exists(marker):
+            if change == "replace":
+                os.replace(args["replacement"], args["paths"][0])
+            else:
+                os.remove(args["paths"][0])
+            box["changed"] = True
+            os.remove(marker)
+        loader.join()
+        result = box
+    print("RESULT " + json.dumps(result))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory) -> Path:
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler to build the LD_PRELOAD fault shim")
+    out = tmp_path_factory.mktemp("shim") / "shim.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(SHIM_SOURCE), "-ldl"], check=True)
+    return out
+
+
+def run_child(shim: Path, args: dict, tmp_path: Path, **fault) -> dict:
+    """Runs CHILD under the shim with NPYFEED_FAULT_<KEY>=value for each keyword; returns its outcome."""
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = str(shim)
+    for key, value in fault.items():
+        env["NPYFEED_FAULT_" + key.upper()] = str(value)
+    env.setdefault("NPYFEED_FAULT_PAUSE_FILE", str(tmp_path / "paused"))
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], env=env, capture_output=True, text=True,
+                          timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, f"child died ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stdout + proc.stderr
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def write_pair(tmp_path: Path, name: str, array: np.ndarray) -> tuple[str, str]:
+    """The file under test ("victim-...") and a reference copy the shim leaves alone."""
+    victim = tmp_path / f"victim-{name}.npy"
+    ref = tmp_path / f"ref-{name}.npy"
+    np.save(victim, array)
+    np.save(ref, array)
+    return str(victim), str(ref)
+
+
+# Small: read whole in the header phase. Big: 40 MiB, split into chunks read by several threads.
+SIZES = {"small": 1000, "big": 5 * 2**20}
+
+
+def sample(size: str) -> np.ndarray:
+    return np.arange(SIZES[size], dtype=np.float64) * 0.5
+
+
+def load_args(victim: str, ref: str, mode: str, threads: int = 4) -> dict:
+    return {"paths": [victim], "refs": [ref], "mode": mode, "threads": threads}
+
+
+# ---------------------------------------------------------------------------------------------- (a) pread faults
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("mode", MODES)
+def test_eio_on_the_header_read_is_oserror_naming_the_file(shim, tmp_path, mode, size):
+    victim, ref = write_pair(tmp_path, size, sample(size))
+    r = run_child(shim, load_args(victim, ref, mode), tmp_path, path="victim", mode="eio", nth=1)
+    assert not r["ok"] and r["oserror"], r
+    assert r["errno"] == errno.EIO and r["filename"] == victim, r
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("mode", ["read", "direct"])
+def test_eio_on_a_data_read_is_oserror_naming_the_file(shim, tmp_path, mode, size):
+    victim, ref = write_pair(tmp_path, size, sample(size))
+    # Read 1 is the header; 2 is the first data read (the whole data of a small file, a chunk of a big one).
+    for nth in (2, 4) if size == "big" else (2,):
+        r = run_child(shim, load_args(victim, ref, mode), tmp_path, path="victim", mode="eio", nth=nth)
+        assert not r["ok"] and r["oserror"], r
+        assert r["errno"] == errno.EIO and r["filename"] == victim, r
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("mode", MODES)
+def test_eintr_is_retried(shim, tmp_path, mode, size):
+    victim, ref = write_pair(tmp_path, size, sample(size))
+    # Every pread of the file fails with EINTR once, and succeeds when retried.
+    r = run_child(shim, load_args(victim, ref, mode), tmp_path, path="victim", mode="eintr", count=0, every=2)
+    assert r == {"ok": True, "equal": [True]}
+
+
+@pytest.mark.parametrize(("size", "short"), [("small", 0), ("small", 1000), ("small", 4096 + 7), ("big", 0),
+                                             ("big", 4096 + 7)])
+@pytest.mark.parametrize("mode", MODES)
+def test_short_reads_still_give_the_right_data(shim, tmp_path, mode, size, short):
+    victim, ref = write_pair(tmp_path, size, sample(size))
+    # Every read returns at most `short` bytes (0: half of what was asked), header and data alike.
+    r = run_child(shim, load_args(victim, ref, mode), tmp_path, path="victim", mode="short", count=0, short=short)
+    assert r == {"ok": True, "equal": [True]}
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("mode", ["read", "direct"])
+def test_a_data_read_hitting_end_of_file_early_is_npy_format_error(shim, tmp_path, mode, size):
+    # As if the file was truncated after it was opened and its header read.
+    victim, ref = write_pair(tmp_path, size, sample(size))
+    r = run_child(shim, load_args(victim, ref, mode), tmp_path, path="victim", mode="eof", nth=2, count=0)
+    assert not r["ok"] and r["format_error"], r
+    assert victim in r["message"] and ("truncated" in r["message"] or "ended" in r["message"]), r
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_header_read_hitting_end_of_file_early_is_npy_format_error(shim, tmp_path, mode):
+    victim, ref = write_pair(tmp_path, "small", sample("small"))
+    r = run_child(shim, load_args(victim, ref, mode), tmp_path, path="victim", mode="eof", nth=1, count=0)
+    assert not r["ok"] and r["format_error"] and victim in r["message"], r
+
+
+# ---------------------------------------------------------------------- (b) deleted or replaced during a load
+
+
+@pytest.mark.parametrize("change", ["replace", "delete"])
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("mode", MODES)
+def test_file_deleted_or_replaced_while_loading(shim, tmp_path, mode, size, change):
+    old = sample(size)
+    victim, ref = write_pair(tmp_path, size, old)
+    replacement = tmp_path / "replacement.npy"
+    np.save(replacement, -old)
+    args = load_args(victim, ref, mode, threads=2)
+    args.update(change=change, replacement=str(replacement))
+    # The first data read of the file (the header read for mmap, which reads nothing else) pauses every
+    # worker that reads the file; the child's main thread deletes or replaces it, then lets them go on.
+    nth = 1 if mode == "mmap" else 2
+    r = run_child(shim, args, tmp_path, path="victim", mode="pause", nth=nth, count=0)
+    assert r.get("changed"), r
+    if r["ok"]:
+        assert r["equal"] == [True], "the load returned data that is not the old file's"
+    else:
+        assert r["oserror"] or r["format_error"], r
+        assert victim in r["message"] or r["filename"] == victim, r
+    if mode == "mmap" or size == "small":
+        # The open descriptor (or mapping) keeps the old file: its data, unchanged.
+        assert r == {"ok": True, "equal": [True], "changed": True}
+    else:
+        # Chunks opened after the change see another file (ESTALE) or none (ENOENT): never mixed data.
+        assert not r["ok"] and r["errno"] == (errno.ESTALE if change == "replace" else errno.ENOENT), r
+
+
+# ------------------------------------------------------------------------ (c) thousands of files, few fds
+
+LOW_FD_CHILD = textwrap.dedent(
+    """
+    import json, os, resource, sys
+    import numpy as np
+    import npyfeed
+
+    directory, count, mode, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    paths = [os.path.join(directory, f"many-{i}.npy") for i in range(count)]
+    before = len(os.listdir("/proc/self/fd"))
+    arrays = npyfeed.load_many(paths, mode=mode, threads=threads)
+    bad = [i for i, a in enumerate(arrays) if not np.array_equal(a, np.arange(i % 50, dtype=np.int32) + i)]
+    del arrays
+    after = len(os.listdir("/proc/self/fd"))
+    print("RESULT " + json.dumps({"bad": bad, "fds_before": before, "fds_after": after}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def many_files(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("many")
+    for i in range(3000):
+        np.save(directory / f"many-{i}.npy", np.arange(i % 50, dtype=np.int32) + i)
+    return directory
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_thousands_of_files_under_a_low_fd_limit(shim, many_files, tmp_path, mode):
+    threads = 8
+    report = tmp_path / "report"
+    env = dict(os.environ, LD_PRELOAD=str(shim), NPYFEED_FAULT_PATH="many-", NPYFEED_FAULT_MODE="none",
+               NPYFEED_FAULT_REPORT=str(report))
+    proc = subprocess.run([sys.executable, "-c", LOW_FD_CHILD, str(many_files), "3000", mode, str(threads)], env=env,
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    assert result["bad"] == []
+    assert result["fds_after"] == result["fds_before"]  # nothing leaked
+    stats = dict(item.split("=") for item in report.read_text().split())
+    # Each worker holds the file it reads; direct mode briefly holds a buffered and an O_DIRECT descriptor.
+    most = threads * (2 if mode == "direct" else 1)
+    assert 1 <= int(stats["max_open"]) <= most, stats
+
+
+# ---------------------------------------------------------------- (d) one failure among many big reads
+
+
+@pytest.fixture(scope="module")
+def big_files(tmp_path_factory) -> list:
+    # 12 MiB each: read whole by one worker each in the header phase (under 2 chunks of 8 MiB), so a
+    # failing file fails while the other workers are in the middle of theirs.
+    directory = tmp_path_factory.mktemp("big")
+    paths = []
+    for i in range(8):
+        path = directory / f"big-{i}.npy"
+        np.save(path, np.full(3 * 2**20, i, dtype=np.float32))
+        paths.append(str(path))
+    return paths
+
+
+def proc_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fault", ["bad_header", "truncated"])
+def test_one_bad_file_among_big_ones(big_files, tmp_path, mode, fault):
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.zeros(3 * 2**20, dtype=np.float32))
+    if fault == "bad_header":
+        with open(bad, "r+b") as f:
+            f.seek(20)
+            f.write(b"@")  # inside the header dict
+    else:
+        os.truncate(bad, bad.stat().st_size - 4096)
+    paths = big_files[:4] + [str(bad)] + big_files[4:]
+    fds = proc_fds()
+    with pytest.raises(npyfeed.NpyFormatError) as info:
+        npyfeed.load_many(paths, mode=mode, threads=4)
+    assert str(bad) in str(info.value)
+    assert proc_fds() == fds
+    # The pool is still healthy afterwards.
+    arrays = npyfeed.load_many(big_files, mode=mode, threads=4)
+    assert [int(a[-1]) for a in arrays] == list(range(8))
+
+
+@pytest.mark.parametrize("mode", ["read", "direct"])
+def test_eio_in_one_chunk_among_big_files(shim, tmp_path, mode):
+    # Five 40 MiB files read in chunks by 4 threads; the 3rd data read of one of them fails.
+    paths, refs = [], []
+    for i in range(5):
+        name = f"victim-{i}" if i == 2 else f"other-{i}"
+        path, ref = tmp_path / f"{name}.npy", tmp_path / f"ref-{i}.npy"
+        np.save(path, np.full(5 * 2**20, i, dtype=np.float64))
+        ref.symlink_to(path)
+        paths.append(str(path))
+        refs.append(str(ref))
+    r = run_child(shim, {"paths": paths, "refs": refs, "mode": mode, "threads": 4}, tmp_path, path="victim-",
+                  mode="eio", nth=3)
+    assert not r["ok"] and r["errno"] == errno.EIO and r["filename"] == paths[2], r
