@@ -297,24 +297,42 @@ def memcpy_bandwidth(threads: int, nbytes_per_thread: int = 256 << 20, repeats: 
     return threads * n * 8 / best / GB
 
 
+def fresh_buffer(nbytes: int) -> mmap.mmap:
+    """A new private anonymous mapping of `nbytes`, as malloc returns a multi-MB block: untouched pages.
+
+    No madvise: transparent huge pages only if the system's THP mode is "always" (numpy's own allocations,
+    by contrast, ask for huge pages from 4 MB up).
+    """
+    return mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+
 def fresh_copy_bandwidth(threads: int, buffer_bytes: int, count: int, repeats: int = 3) -> float:
-    """GB/s copying `count` buffers of `buffer_bytes` into freshly allocated arrays, over `threads` threads.
+    """GB/s copying `count` buffers of `buffer_bytes` into fresh buffers (`fresh_buffer`), over `threads` threads.
 
     What a loader that hands out new owned arrays pays at least: the copy plus the first-touch page faults of
-    each new buffer (zeroing, page-table updates). Call `fresh_pages_per_allocation` first for fresh pages.
+    each new buffer (page allocation, zeroing, page-table updates; in a VM also the hypervisor's share). Every
+    buffer is kept until the run ends, as a load keeps its arrays, so no run recycles its own pages.
     """
     n = max(1, buffer_bytes // 8)
     src = np.ones(n, dtype=np.float64)
     per_thread = [range(t, count, threads) for t in range(threads)]
 
-    def work(t: int) -> None:
-        keep = []
-        for _ in per_thread[t]:
-            out = np.empty(n, dtype=np.float64)
-            np.copyto(out, src)
-            keep.append(out)
+    def run() -> float:
+        kept: list = [[] for _ in range(threads)]
 
-    best = min(_run_threads(threads, work) for _ in range(repeats))
+        def work(t: int) -> None:
+            for _ in per_thread[t]:
+                buf = fresh_buffer(n * 8)
+                np.copyto(np.frombuffer(buf, dtype=np.float64, count=n), src)
+                kept[t].append(buf)
+
+        elapsed = _run_threads(threads, work)
+        for bufs in kept:
+            for b in bufs:
+                b.close()
+        return elapsed
+
+    best = min(run() for _ in range(repeats))
     return count * n * 8 / best / GB
 
 
@@ -327,22 +345,25 @@ def _round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
-def odirect_seq_bandwidth(paths: Sequence[str], threads: int, chunk: int = 64 << 20) -> float | None:
+def odirect_seq_bandwidth(paths: Sequence[str], threads: int, chunk: int = 64 << 20,
+                          fresh: bool = False) -> float | None:
     """GB/s reading whole files with O_DIRECT (page cache bypassed), files shared among `threads` threads.
 
     Each file is read front to back in requests of up to `chunk` bytes (a whole file per request for the
-    data set's files). Bytes counted are file bytes. None if the filesystem refuses O_DIRECT.
+    data set's files). Bytes counted are file bytes. With ``fresh=False`` each thread reuses one buffer: the
+    disk's own figure. With ``fresh=True`` every file goes to a new buffer (`fresh_buffer`, kept until the end):
+    the same plus the first-touch cost of the destination, what a loader returning owned arrays pays.
+    None if the filesystem refuses O_DIRECT.
     """
     sizes = [os.path.getsize(p) for p in paths]
     total = sum(sizes)
-    order = list(range(len(paths)))
     lock = threading.Lock()
-    it = iter(order)
+    it = iter(range(len(paths)))
     bufsize = min(chunk, _round_up(max(sizes, default=1), DIRECT_ALIGN))
     bufs = [_aligned_buffer(bufsize) for _ in range(threads)]
+    kept: list = []
 
     def work(t: int) -> None:
-        view = memoryview(bufs[t])
         while True:
             with lock:
                 i = next(it, None)
@@ -351,9 +372,15 @@ def odirect_seq_bandwidth(paths: Sequence[str], threads: int, chunk: int = 64 <<
             fd = os.open(paths[i], os.O_RDONLY | os.O_DIRECT)
             try:
                 offset, size = 0, sizes[i]
+                if fresh:
+                    buf = fresh_buffer(_round_up(size, DIRECT_ALIGN))
+                    kept.append(buf)
+                    view, step = memoryview(buf), len(buf)
+                else:
+                    view, step = memoryview(bufs[t]), bufsize
                 while offset < size:
-                    want = min(bufsize, _round_up(size - offset, DIRECT_ALIGN))
-                    got = os.preadv(fd, [view[:want]], offset)
+                    want = min(step, _round_up(size - offset, DIRECT_ALIGN))
+                    got = os.preadv(fd, [view[offset:offset + want] if fresh else view[:want]], offset)
                     if got <= 0:
                         break
                     offset += got
@@ -368,7 +395,7 @@ def odirect_seq_bandwidth(paths: Sequence[str], threads: int, chunk: int = 64 <<
             return None
         raise
     finally:
-        for b in bufs:
+        for b in bufs + kept:
             b.close()
     return total / elapsed / GB
 
