@@ -1,0 +1,80 @@
+"""The C++ tests (tests/cpp) and the header fuzzer (tests/fuzz), built with CMake and run from pytest.
+
+Each build is the core and its C++ tests without Python (NPYFEED_BUILD_PYTHON=OFF), in its own temporary
+directory, with Ninja and two jobs: plain, ASan+UBSan and TSan (g++), then ctest. The fuzz test builds the
+libFuzzer target with clang and fuzzes for a fixed 30 seconds (tests/fuzz/run_fuzz.sh); it is skipped when
+clang++ or its libFuzzer runtime is missing. Minutes in all: deselect with ``-m "not slow"``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FUZZ_SECONDS = 30
+HANG_GUARD_S = 1500  # a build or test run still going after this is stuck, not slow
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the C++ tests and sanitizer builds are Linux"),
+]
+
+BUILDS = {"plain": "", "asan-ubsan": "address,undefined", "tsan": "thread"}
+
+
+def _require(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        pytest.skip(f"{tool} not found")
+    return path
+
+
+def _run(cmd: list, **kwargs) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=HANG_GUARD_S, **kwargs)
+    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout[-20000:]}\n{proc.stderr[-20000:]}"
+    return proc
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_cpp_unit_tests(name, tmp_path_factory):
+    cmake = _require("cmake")
+    ctest = _require("ctest")
+    build = tmp_path_factory.mktemp(f"cpp-{name}")
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    # The sanitizer runtimes the CMake options ask for are g++'s (libasan, libubsan, libtsan).
+    compiler = [f"-DCMAKE_CXX_COMPILER={shutil.which('g++')}"] if shutil.which("g++") else []
+    # Sanitizer builds at -O1 with assertions on: half the compile time of -O3, the findings just as well.
+    build_type = ["-DCMAKE_BUILD_TYPE=Debug", "-DCMAKE_CXX_FLAGS=-O1"] if BUILDS[name] else []
+    _run([cmake, "-S", ROOT, "-B", build, *generator, *compiler, *build_type, "-DNPYFEED_BUILD_PYTHON=OFF",
+          "-DNPYFEED_BUILD_TESTS=ON", f"-DNPYFEED_SANITIZE={BUILDS[name]}"])
+    _run([cmake, "--build", build, "-j2"])
+    proc = _run([ctest, "--test-dir", build, "--output-on-failure", "--timeout", "600"])
+    assert "100% tests passed" in proc.stdout, proc.stdout
+
+
+def _has_libfuzzer(clang: str, tmp_path: Path) -> bool:
+    probe = tmp_path / "probe.cpp"
+    probe.write_text('extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n')
+    proc = subprocess.run([clang, "-fsanitize=fuzzer,address,undefined", str(probe), "-o", str(tmp_path / "probe")],
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
+    return proc.returncode == 0
+
+
+def test_fuzz_header_parser(tmp_path):
+    clang = shutil.which("clang++")
+    if clang is None:
+        pytest.skip("clang++ not installed (Debian: apt-get install clang libclang-rt-14-dev)")
+    if not _has_libfuzzer(clang, tmp_path):
+        pytest.skip("clang++ cannot link -fsanitize=fuzzer: libFuzzer's runtime is missing (Debian: libclang-rt-14-dev)")
+    _require("cmake")
+    env = dict(os.environ, CXX=clang, NPYFEED_FUZZ_BUILD=str(tmp_path / "build"), NPYFEED_FUZZ_JOBS="2")
+    proc = _run(["bash", ROOT / "tests" / "fuzz" / "run_fuzz.sh", str(FUZZ_SECONDS)], env=env)
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("fuzz:")]
+    assert summary and "findings 0" in summary[-1], proc.stdout
+    print("\n".join(summary))
