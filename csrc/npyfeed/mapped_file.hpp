@@ -23,6 +23,8 @@ class MappedFile {
   /// so that later reads never wait on the disk. Throws NpyFormatError (without a path) where the file has
   /// shrunk below the range since it was mapped.
   void populate(std::uint64_t offset, std::uint64_t length) const;
+  /// Asks the kernel to start reading [offset, offset + length) in the background (MADV_WILLNEED); returns at once.
+  void will_need(std::uint64_t offset, std::uint64_t length) const;
 
  private:
   MappedFile(const std::byte* data, std::uint64_t size) : data_(data), size_(size) {}

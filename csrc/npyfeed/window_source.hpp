@@ -36,6 +36,7 @@ struct ArraySource {
   NpyHeader header;        // shape, element type, order (synthesised for arrays)
   const std::byte* memory = nullptr;      // mmap and in-memory sources: the data
   std::shared_ptr<MappedFile> mapping;    // keeps `memory` valid in mmap mode
+  std::shared_ptr<AlignedBuffer> owned;   // small label files read whole in read/direct modes
   File file;                              // read/direct, when descriptors are kept open
   FileIdentity identity;
   std::size_t direct_align = 4096;
@@ -94,7 +95,8 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   };
   struct GatherPlan;
   void open_key(std::size_t key, const std::string& factor_path, const std::string& label_path);
-  ArraySource open_file(const std::string& path, bool keep_fd);
+  ArraySource open_file(const std::string& path, bool keep_fd, bool preload_small);
+  void hint_will_need(const GatherPlan& plan) const;
   void gather_key(const GatherPlan& plan, std::size_t group) const;
   void read_rows_into(const ArraySource& source, std::int64_t first, std::int64_t last, std::byte* dest) const;
   const std::byte* fetch_rows(const ArraySource& source, std::int64_t first, std::int64_t last, std::vector<std::byte>& scratch) const;

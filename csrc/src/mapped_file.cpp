@@ -43,4 +43,11 @@ void MappedFile::populate(std::uint64_t offset, std::uint64_t length) const {
   (void)sink;
 }
 
+void MappedFile::will_need(std::uint64_t offset, std::uint64_t length) const {
+  if (length == 0 || data_ == nullptr) return;
+  static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  std::uint64_t start = offset / page * page;
+  ::madvise(const_cast<std::byte*>(data_) + start, offset + length - start, MADV_WILLNEED);  // advisory only
+}
+
 }  // namespace npyfeed
