@@ -37,6 +37,8 @@ constexpr std::uint64_t kMergeGapBytes = 64u << 10;
 constexpr std::uint64_t kMaxSpanBytes = 16u << 20;
 // Label files up to this size are read whole at open in read/direct modes.
 constexpr std::uint64_t kPreloadBytes = 64u << 20;
+// Reads in flight per thread in direct mode.
+constexpr std::size_t kDirectDepth = 4;
 
 // Scratch memory per worker thread, aligned for O_DIRECT; grows, never shrinks.
 std::byte* scratch_buffer(std::size_t size, std::size_t align) {
@@ -316,7 +318,11 @@ std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<st
   plan->group_begin.push_back(plan->order.size());
   hint_will_need(*plan);
   auto self = shared_from_this();
-  return pool.start(groups, options_.threads, [self, plan](std::size_t g) { self->gather_key(*plan, g); });
+  // O_DIRECT workers spend their time waiting for the device: more of them keep its queue deep (the page
+  // cache modes get that depth from the WILLNEED hints instead).
+  const std::size_t workers = options_.mode == ReadMode::kDirect && !options_.memory ? kDirectDepth * options_.threads
+                                                                                      : options_.threads;
+  return pool.start(groups, workers, [self, plan](std::size_t g) { self->gather_key(*plan, g); });
 }
 
 namespace {
