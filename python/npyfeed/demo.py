@@ -212,7 +212,7 @@ def _train(args, src, rows):
     model.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss="mse")
     train = npyfeed_tf.dataset(src, B, shuffle=True, seed=1, drop_remainder=True).repeat()
     t0 = time.perf_counter()
-    history = model.fit(train, steps_per_epoch=max(args.steps // 2, 1), epochs=2, verbose=1)
+    history = model.fit(train, steps_per_epoch=max(args.steps // 2, 1), epochs=2, verbose=1, shuffle=False)
     t = time.perf_counter() - t0
     rows.append(("train: Keras model.fit fed by npyfeed.tf.dataset", t, 2 * max(args.steps // 2, 1) * B / t, None))
     losses = history.history["loss"]
@@ -224,21 +224,22 @@ def _print_table(rows) -> None:
     head = f"{'what':<58} {'seconds':>9} {'samples/s':>11} {'memory':>10}"
     print(head)
     print("-" * len(head))
-    base = {}
     for what, secs, rate, mem in rows:
         rate_s = f"{rate:,.0f}" if rate else ""
         mem_s = f"{mem / 2**20:,.0f} MiB" if mem is not None else ""
         print(f"{what:<58} {secs:>9.3f} {rate_s:>11} {mem_s:>10}")
-        if rate and "per-sample" in what:
-            base["rate"] = rate
-        if what.startswith("load: np.load"):
-            base["load"] = secs
     print()
-    if "load" in base:
-        for what, secs, _, _ in rows:
-            if what.startswith(("load: npyfeed", "open: npyfeed")):
-                print(f"  {what.split(':', 1)[1].strip()}: {base['load'] / secs:,.1f}x faster start-up than the np.load loop")
-    if "rate" in base:
-        for what, _, rate, _ in rows:
-            if rate and what.startswith("batches: npyfeed"):
-                print(f"  {what.split(':', 1)[1].strip()}: {rate / base['rate']:,.1f}x the samples/s of per-sample slicing")
+    by_name = {what: (secs, rate) for what, secs, rate, _ in rows}
+
+    def compare(fast: str, slow: str, faster_is_rate: bool) -> None:
+        if fast in by_name and slow in by_name:
+            (fs, fr), (ss, sr) = by_name[fast], by_name[slow]
+            ratio = fr / sr if faster_is_rate else ss / fs
+            what = "samples/s" if faster_is_rate else "start-up speed"
+            print(f"  {fast.split(': ', 1)[1]}: {ratio:,.1f}x the {what} of {slow.split(': ', 1)[1]}")
+
+    users_load = "load: np.load loop (users' code)"
+    compare("load: npyfeed.load_factor_files mode=read", users_load, False)
+    compare("open: npyfeed.WindowSource mode=mmap (shared page cache)", users_load, False)
+    compare("batches: npyfeed WindowSource.batches", "batches: preloaded dict + per-sample numpy slicing", True)
+    compare("batches: npyfeed.tf.dataset (tf.data)", "batches: users' tf.numpy_function per sample (tf.data)", True)
