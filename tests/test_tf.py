@@ -1,0 +1,461 @@
+"""npyfeed.tf: `tf.data` pipelines over a WindowSource, against the numpy iterator.
+
+In this process: element specs, values equal to ``src.batches`` and to numpy slicing, a new epoch per pass,
+`drop_remainder`, sharding by a hand-made ``tf.distribute.InputContext``, prefetch to a device, held batches not
+overwritten, the zero-copy hand-off of aligned buffers, abandoning a pass. In fresh interpreters (a few at
+a time, each killed after SCRIPT_TIMEOUT_S, so that a deadlock fails instead of hanging the suite): ``import npyfeed``
+without TensorFlow, scripts that stop early and exit (Keras ``fit`` with ``steps_per_epoch`` on a repeated
+dataset, ``for ...: break``, a gather in flight at exit, Ctrl-C), and ``MirroredStrategy`` over two logical CPUs.
+
+TensorFlow is imported by a fixture, not at collection, so that the rest of the suite runs without its threads.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import npyfeed
+
+if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip("TensorFlow is not installed", allow_module_level=True)
+
+# TensorFlow's own noise only; none of it comes from npyfeed.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning:tensorflow.*"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning:keras.*"),
+]
+
+WINDOW = 4
+ROWS = 40  # rows per key
+FEATURES = 3
+KEYS = 5
+SAMPLES = 37  # odd: leaves remainders for every batch size and shard count used here
+SCRIPT_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def tf():
+    tf = pytest.importorskip("tensorflow")
+    import npyfeed.tf  # noqa: F401
+
+    return tf
+
+
+def _make_arrays():
+    """Factors (float64, converted to float32 by the source) and labels whose column 0 names the sample."""
+    rng = np.random.default_rng(20240611)
+    factors, labels, index = {}, {}, []
+    for k in range(KEYS):
+        key = f"k{k}"
+        factors[key] = rng.standard_normal((ROWS, FEATURES))
+        label = rng.standard_normal((ROWS, 2))
+        label[:, 0] = 1000 * k + np.arange(ROWS)
+        labels[key] = label
+        feature_rows = rng.integers(WINDOW - 1, ROWS, 8)
+        label_rows = rng.permutation(ROWS)[:8]  # distinct: (key, label row) identifies a sample
+        index += [(int(f), int(l), key) for f, l in zip(feature_rows, label_rows)]
+    return index[:SAMPLES], factors, labels
+
+
+@pytest.fixture(scope="module")
+def data():
+    return _make_arrays()
+
+
+@pytest.fixture(scope="module")
+def src(data):
+    return npyfeed.WindowSource.from_arrays(*data, WINDOW)
+
+
+def _reference(data, dtype=np.float32):
+    """Per-sample numpy slicing: the oracle."""
+    index, factors, labels = data
+    x = np.stack([factors[k][f - WINDOW + 1:f + 1] for f, _, k in index]).astype(dtype)
+    y = np.stack([labels[k][l] for _, l, k in index]).astype(dtype)
+    return x, y
+
+
+def _ids(y) -> list:
+    """Sample ids (positions in the index) of a batch's labels."""
+    return [int(v) for v in np.asarray(y)[:, 0]]
+
+
+@pytest.fixture(scope="module")
+def id_of(data):
+    """Label column 0 -> sample id."""
+    _, ref_y = _reference(data)
+    return {int(v): i for i, v in enumerate(ref_y[:, 0])}
+
+
+def _tf_pass(ds) -> list:
+    return [(x.numpy(), y.numpy()) for x, y in ds]
+
+
+def _assert_batches_equal(actual: list, expected: list) -> None:
+    assert len(actual) == len(expected)
+    for (ax, ay), (ex, ey) in zip(actual, expected):
+        assert ax.dtype == ex.dtype and ay.dtype == ey.dtype
+        np.testing.assert_array_equal(ax, ex, strict=True)
+        np.testing.assert_array_equal(ay, ey, strict=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Specs and values
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("drop_remainder", [False, True], ids=["keep_remainder", "drop_remainder"])
+def test_element_spec_and_cardinality(tf, data, dtype, drop_remainder):
+    src = npyfeed.WindowSource.from_arrays(*data, WINDOW, dtype=dtype)
+    ds = npyfeed.tf.dataset(src, 8, drop_remainder=drop_remainder)
+    batch = 8 if drop_remainder else None
+    x_spec, y_spec = ds.element_spec
+    assert x_spec.shape.as_list() == [batch, WINDOW, FEATURES]
+    assert y_spec.shape.as_list() == [batch, 2]
+    assert x_spec.dtype == y_spec.dtype == tf.as_dtype(dtype)
+    assert int(ds.cardinality()) == (SAMPLES // 8 if drop_remainder else -(-SAMPLES // 8))
+    x, y = next(iter(ds))
+    assert x.shape == (8, WINDOW, FEATURES) and y.shape == (8, 2)
+    assert x.dtype == y.dtype == tf.as_dtype(dtype)
+
+
+def test_lazy_attribute_is_the_submodule(tf):
+    assert npyfeed.tf is sys.modules["npyfeed.tf"]
+    assert npyfeed.tf.__all__ == ["dataset"]
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in_order", "shuffled"])
+def test_batches_equal_the_numpy_iterator_and_slicing(tf, src, data, shuffle):
+    ds = npyfeed.tf.dataset(src, 8, shuffle=shuffle, seed=7)
+    actual = _tf_pass(ds)
+    _assert_batches_equal(actual, list(src.batches(8, shuffle=shuffle, seed=7, epoch=0)))
+    order = src.epoch_order(0, shuffle=shuffle, seed=7)
+    ref_x, ref_y = _reference(data)
+    np.testing.assert_array_equal(np.concatenate([x for x, _ in actual]), ref_x[order], strict=True)
+    np.testing.assert_array_equal(np.concatenate([y for _, y in actual]), ref_y[order], strict=True)
+
+
+def test_each_pass_is_a_new_epoch(tf, src, id_of):
+    ds = npyfeed.tf.dataset(src, 8, shuffle=True, seed=11)
+    passes = [_tf_pass(ds) for _ in range(3)]
+    orders = [[id_of[i] for _, y in p for i in _ids(y)] for p in passes]
+    for epoch, (batches, order) in enumerate(zip(passes, orders)):
+        assert sorted(order) == list(range(SAMPLES))  # every sample once
+        _assert_batches_equal(batches, list(src.batches(8, shuffle=True, seed=11, epoch=epoch)))
+    assert orders[0] != orders[1] != orders[2]
+    # repeat() makes new iterators over the dataset too: its passes continue the epochs.
+    repeated = [id_of[i] for _, y in npyfeed.tf.dataset(src, 8, shuffle=True, seed=11).repeat(2) for i in _ids(y)]
+    assert repeated == orders[0] + orders[1]
+
+
+def test_unshuffled_passes_are_equal(tf, src):
+    ds = npyfeed.tf.dataset(src, 16)
+    _assert_batches_equal(_tf_pass(ds), _tf_pass(ds))
+
+
+def test_drop_remainder(tf, src):
+    ds = npyfeed.tf.dataset(src, 8, shuffle=True, seed=3, drop_remainder=True)
+    batches = _tf_pass(ds)
+    assert len(batches) == SAMPLES // 8
+    assert all(x.shape[0] == 8 for x, _ in batches)
+    _assert_batches_equal(batches, list(src.batches(8, shuffle=True, seed=3, drop_remainder=True)))
+
+
+def test_held_batches_are_not_overwritten(tf, src, data):
+    # Batch size 1 and two passes: far more batches than the stream's buffer pool. TensorFlow holds every
+    # tensor (adopted buffers) until the end; none may have been reused for a later batch.
+    ds = npyfeed.tf.dataset(src, 1, prefetch=1)
+    held = [t for _ in range(2) for t in ds]
+    ref_x, ref_y = _reference(data)
+    for i, (x, y) in enumerate(held):
+        np.testing.assert_array_equal(x.numpy()[0], ref_x[i % SAMPLES], strict=True)
+        np.testing.assert_array_equal(y.numpy()[0], ref_y[i % SAMPLES], strict=True)
+
+
+def test_tf_adopts_aligned_batch_buffers_without_copying(tf, src):
+    # The premise of the zero-copy hand-off: a generator's 64-byte-aligned array becomes the tensor's buffer.
+    x, _ = src.get(np.arange(8))
+    assert x.ctypes.data % 64 == 0
+    spec = tf.TensorSpec(x.shape, tf.float32)
+    tensor = next(iter(tf.data.Dataset.from_generator(lambda: iter([x]), output_signature=spec)))
+    x[0, 0, 0] = 12345.0  # only a test may write into a batch TensorFlow holds
+    assert float(tensor[0, 0, 0]) == 12345.0
+
+
+def test_an_error_in_a_gather_reaches_the_loop(tf, src):
+    class Failing:  # a source whose third batch fails, as a file truncated under it would
+        def __getattr__(self, name):
+            return getattr(src, name)
+
+        def batches(self, *args, **kwargs):
+            def gen():
+                it = src.batches(*args, **kwargs)
+                yield next(it)
+                yield next(it)
+                raise OSError("disk gone under k3.npy")
+            return gen()
+
+    got = []
+    with pytest.raises(tf.errors.OpError, match="disk gone under k3.npy"):
+        for x, _ in npyfeed.tf.dataset(Failing(), 4):
+            got.append(x)
+    assert len(got) == 2
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sharding and devices
+
+
+def _context(tf, pipeline: int):
+    return tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline, num_replicas_in_sync=2)
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in_order", "shuffled"])
+def test_input_context_shards_are_disjoint_and_complete(tf, src, id_of, shuffle):
+    shards = [npyfeed.tf.dataset(src, 8, shuffle=shuffle, seed=5, input_context=_context(tf, i)) for i in range(2)]
+    for epoch in range(2):
+        seen = []
+        for i, ds in enumerate(shards):
+            batches = _tf_pass(ds)
+            assert max(x.shape[0] for x, _ in batches) == 4  # the per-replica batch size
+            _assert_batches_equal(batches, list(src.batches(4, shuffle=shuffle, seed=5, epoch=epoch, num_shards=2,
+                                                            shard_index=i)))
+            seen += [id_of[j] for _, y in batches for j in _ids(y)]
+        assert sorted(seen) == list(range(SAMPLES)), f"epoch {epoch}"
+
+
+def test_input_context_static_per_replica_batch(tf, src):
+    ds = npyfeed.tf.dataset(src, 8, drop_remainder=True, input_context=_context(tf, 1))
+    assert ds.element_spec[0].shape.as_list() == [4, WINDOW, FEATURES]
+    assert int(ds.cardinality()) == (SAMPLES // 2) // 4  # shard 1 holds 18 samples
+
+
+def test_input_context_batch_size_must_split_over_replicas(tf, src):
+    with pytest.raises(ValueError):
+        npyfeed.tf.dataset(src, 7, input_context=_context(tf, 0))
+
+
+def test_prefetch_to_device(tf, src):
+    ds = npyfeed.tf.dataset(src, 8, shuffle=True, device="/cpu:0")
+    batches = []
+    for x, y in ds:
+        assert x.device.endswith("CPU:0")
+        batches.append((x.numpy(), y.numpy()))
+    _assert_batches_equal(batches, list(src.batches(8, shuffle=True)))
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(batch_size=0), ValueError),
+    (dict(batch_size=4, prefetch=0), ValueError),
+    (dict(batch_size=4, seed=-1, shuffle=True), ValueError),
+    (dict(batch_size=4, device=0), TypeError),
+], ids=["batch_size", "prefetch", "seed", "device"])
+def test_bad_arguments_fail_at_construction(tf, src, kwargs, error):
+    with pytest.raises(error):
+        npyfeed.tf.dataset(src, **kwargs)
+
+
+def test_device_and_input_context_exclude_each_other(tf, src):
+    with pytest.raises(ValueError, match="exclude"):
+        npyfeed.tf.dataset(src, 8, device="/cpu:0", input_context=_context(tf, 0))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Leaving a pass early (in this process)
+
+
+def test_leaving_a_pass_early(tf, src, id_of):
+    ds = npyfeed.tf.dataset(src, 4, shuffle=True, seed=2)
+    for _ in ds:
+        break  # epoch 0, abandoned
+    it = iter(ds)  # epoch 1
+    next(it)
+    start = time.monotonic()
+    del it
+    gc.collect()
+    assert time.monotonic() - start < 10
+    # The dataset goes on with epoch 2, complete.
+    order = [id_of[i] for _, y in ds for i in _ids(y)]
+    assert order == list(src.epoch_order(2, shuffle=True, seed=2))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Fresh interpreters: started by the first test that needs one, a few at a time, each with its own deadline.
+
+_PRELUDE = f"""
+import os, sys, time, threading
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+import numpy as np
+import npyfeed
+tensorflow_after_import = "tensorflow" in sys.modules
+from test_tf import _make_arrays, SAMPLES
+index, factors, labels = _make_arrays()
+src = npyfeed.WindowSource.from_arrays(index, factors, labels, {WINDOW})
+"""
+
+_SCRIPTS = {
+    "import_without_tensorflow": """
+        src.get([0, 1]); list(src.batches(8))
+        assert not tensorflow_after_import, "import npyfeed imported tensorflow"
+        assert "tensorflow" not in sys.modules, "using a WindowSource imported tensorflow"
+        print("ok")
+    """,
+    "exit_after_fit_steps_per_epoch": """
+        import npyfeed.tf, tensorflow as tf
+        model = tf.keras.Sequential([tf.keras.Input((4, 3)), tf.keras.layers.Flatten(), tf.keras.layers.Dense(2)])
+        model.compile("sgd", "mse")
+        model.fit(npyfeed.tf.dataset(src, 4, shuffle=True).repeat(), steps_per_epoch=3, epochs=2, verbose=0,
+                  shuffle=False)
+        print("ok")
+    """,
+    "exit_after_break": """
+        import npyfeed.tf
+        for x in npyfeed.tf.dataset(src, 4):
+            break
+        print("ok")
+    """,
+    # A source whose gathers take a second (GIL released, like a cold disk): the exit comes while TensorFlow's
+    # thread is inside the generator. Without the exit hook this deadlocks.
+    "exit_with_gather_in_flight": """
+        import npyfeed.tf
+
+        class Slow:
+            def __init__(self, src): self._src = src
+            def __getattr__(self, name): return getattr(self._src, name)
+            def batches(self, *args, **kwargs):
+                it = self._src.batches(*args, **kwargs)
+                class Batches:
+                    def __iter__(self): return self
+                    def __next__(self):
+                        time.sleep(1.0)
+                        return next(it)
+                    def close(self): it.close()
+                return Batches()
+
+        it = iter(npyfeed.tf.dataset(Slow(src), 4))
+        next(it)
+        time.sleep(0.3)
+        print("ok")
+    """,
+    "exit_after_ctrl_c": """
+        import _thread, signal
+        import npyfeed.tf
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's background job ignores SIGINT
+        threading.Timer(1.0, _thread.interrupt_main).start()
+        try:
+            for x in npyfeed.tf.dataset(src, 1, shuffle=True).repeat():
+                time.sleep(0.01)
+        except KeyboardInterrupt:
+            print("ok")
+    """,
+    "mirrored_strategy": """
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        import npyfeed.tf
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        assert strategy.num_replicas_in_sync == 2
+        id_of = {int(labels[k][l, 0]): i for i, (_, l, k) in enumerate(index)}
+        # 8: both replicas get 5 batches; 12: shard 0 (19 samples) gets 4 batches, shard 1 (18) gets 3.
+        for global_batch in (8, 12):
+            dist = strategy.distribute_datasets_from_function(
+                lambda ctx, b=global_batch: npyfeed.tf.dataset(src, b, shuffle=True, seed=9, input_context=ctx))
+            step = tf.function(lambda x, y: strategy.run(lambda x, y: y[:, 0], args=(x, y)))
+            for epoch in range(2):
+                seen = []
+                for x, y in dist:
+                    ids = step(x, y)
+                    for part in strategy.experimental_local_results(ids):
+                        seen += [id_of[int(v)] for v in part.numpy()]
+                assert sorted(seen) == list(range(SAMPLES)), (global_batch, epoch, sorted(seen))
+                expected = sorted(int(i) for s in range(2)
+                                  for i in src.epoch_order(epoch, shuffle=True, seed=9, num_shards=2, shard_index=s))
+                assert sorted(seen) == expected
+        print("ok")
+    """,
+}
+
+
+class _Scripts:
+    """Runs the scripts in fresh interpreters, `parallel` at a time (TensorFlow's start-up dominates), each
+    killed `SCRIPT_TIMEOUT_S` after its own start."""
+
+    def __init__(self, directory, parallel: int = 3):
+        self._directory = directory
+        self._parallel = parallel
+        self._waiting = list(_SCRIPTS)  # in order of the tests below, which is also the order of need
+        self._running = {}  # name -> (Popen, start time)
+        self._done = {}  # name -> (returncode or None if killed, stdout, stderr)
+
+    def _poll(self) -> None:
+        for name, (proc, started) in list(self._running.items()):
+            if proc.poll() is None and time.monotonic() - started < SCRIPT_TIMEOUT_S:
+                continue
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+                status = None
+            else:
+                status = proc.returncode
+            del self._running[name]
+            self._done[name] = (status, *(self._read(name, s) for s in ("out", "err")))
+        while self._waiting and len(self._running) < self._parallel:
+            name = self._waiting.pop(0)
+            files = [open(self._directory / f"{name}.{s}", "w") for s in ("out", "err")]
+            code = _PRELUDE + textwrap.dedent(_SCRIPTS[name])
+            self._running[name] = (subprocess.Popen([sys.executable, "-c", code], stdout=files[0], stderr=files[1],
+                                                    text=True), time.monotonic())
+            for f in files:
+                f.close()
+
+    def _read(self, name, stream) -> str:
+        return (self._directory / f"{name}.{stream}").read_text()
+
+    def result(self, name):
+        """Waits for script `name`; returns its stderr, failing the test unless it printed "ok" and exited 0."""
+        while name not in self._done:
+            self._poll()
+            time.sleep(0.05)
+        status, out, err = self._done[name]
+        if status is None:
+            pytest.fail(f"{name}: no exit within {SCRIPT_TIMEOUT_S} s (deadlock?)\nstdout:\n{out}\nstderr:\n{err[-4000:]}")
+        assert status == 0, f"{name}: exit status {status}\nstdout:\n{out}\nstderr:\n{err[-4000:]}"
+        assert out.splitlines()[-1:] == ["ok"], out
+        return err
+
+    def close(self) -> None:
+        for proc, _ in self._running.values():
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory):
+    runner = _Scripts(tmp_path_factory.mktemp("tf_scripts"))
+    yield runner
+    runner.close()
+
+
+def test_import_npyfeed_does_not_import_tensorflow(scripts):
+    scripts.result("import_without_tensorflow")
+
+
+@pytest.mark.parametrize("name", ["exit_after_fit_steps_per_epoch", "exit_after_break", "exit_with_gather_in_flight",
+                                  "exit_after_ctrl_c"])
+def test_stopping_early_and_exiting_does_not_hang(scripts, name):
+    err = scripts.result(name)
+    assert "Traceback" not in err
+
+
+def test_mirrored_strategy_sees_every_sample_once_per_epoch(scripts):
+    scripts.result("mirrored_strategy")
