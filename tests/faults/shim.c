@@ -166,12 +166,13 @@ static ssize_t faulty_pread(ssize_t (*next)(int, void*, size_t, off_t), int fd, 
   }
   if (strcmp(g_mode, "eof") == 0) return 0;
   if (strcmp(g_mode, "short") == 0) {
-    /* Read all that was asked (an O_DIRECT read must keep its aligned size) but report less: to the caller
-     * that is a short read, and what it reads again is the same data. */
-    ssize_t most = g_short > 0 ? (ssize_t)g_short : (ssize_t)(count / 2);
+    /* Read whole 4 KiB blocks (an O_DIRECT read must stay aligned) but report only `most` bytes: to the
+     * caller that is a short read, and what it reads again is the same data. */
+    size_t most = g_short > 0 ? (size_t)g_short : count / 2;
     if (most == 0) most = 1;
-    ssize_t got = next(fd, buf, count, offset);
-    return got > most ? most : got;
+    size_t ask = (most + 4095) / 4096 * 4096;
+    ssize_t got = next(fd, buf, ask < count ? ask : count, offset);
+    return got > (ssize_t)most ? (ssize_t)most : got;
   }
   if (strcmp(g_mode, "pause") == 0 && g_pause_file) {
     /* The NTH read creates the marker; it and every later affected read wait until the marker has been
