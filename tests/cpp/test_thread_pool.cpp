@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -311,6 +314,37 @@ TEST_CASE("a forked child gets a working shared_pool") {
   n = 0;
   shared_pool(4).run(100, 4, [&](std::size_t) { n.fetch_add(1); });
   CHECK_EQ(n.load(), 100);
+}
+
+TEST_CASE("a job started before fork raises in the child instead of hanging") {
+  // Its workers exist only in the parent: in the child nothing would ever finish it.
+  ThreadPool& pool = shared_pool(2);
+  Gate gate;
+  auto job = pool.start(2, 2, [&](std::size_t) { gate.arrive_and_wait(); });
+  gate.wait_for_arrivals(2);
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int code = 0;
+    if (!job->orphaned()) code = 2;
+    try {
+      job->wait();
+      code = 3;
+    } catch (const InvalidArgument&) {
+    } catch (...) {
+      code = 4;
+    }
+    std::_Exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK_EQ(WEXITSTATUS(status), 0);
+  CHECK(!job->orphaned());
+  gate.open();
+  job->wait();
+  CHECK_EQ(job->items_done(), 2u);
 }
 
 TEST_CASE("destroying an idle pool joins its threads") {
