@@ -65,6 +65,7 @@ class ManyLoad {
   };
   struct FileState;
   void load_header_and_small(std::size_t i);
+  bool load_whole_small_file(std::size_t i, File& file, FileState& state);
   void load_chunk(const Chunk& chunk);
 
   std::vector<std::string> paths_;

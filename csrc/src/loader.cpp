@@ -17,6 +17,8 @@ ReadMode parse_read_mode(const std::string& name) {
   throw InvalidArgument("unknown read mode '" + name + "' (expected 'mmap', 'read', 'direct' or 'auto')");
 }
 
+void check_holds_data(const NpyHeader& header, const std::string& path, std::uint64_t size);
+
 NpyHeader read_header(const File& file, std::size_t max_header_size) {
   // Most headers fit in the first 4 KiB; longer ones (up to the cap) take a second read.
   std::vector<std::byte> head(std::min<std::uint64_t>(file.size(), 4096));
@@ -34,13 +36,17 @@ NpyHeader read_header(const File& file, std::size_t max_header_size) {
   } catch (const NpyFormatError& e) {
     throw e.with_path(file.path());
   }
-  if (file.size() < header.data_offset + header.nbytes) {
-    throw NpyFormatError(file.path(), file.size(),
+  check_holds_data(header, file.path(), file.size());
+  return header;
+}
+
+void check_holds_data(const NpyHeader& header, const std::string& path, std::uint64_t size) {
+  if (size < header.data_offset + header.nbytes) {
+    throw NpyFormatError(path, size,
                          "file is truncated: the header promises " + std::to_string(header.nbytes) +
                              " bytes of data at offset " + std::to_string(header.data_offset) + ", the file has only " +
-                             std::to_string(file.size() - std::min(file.size(), header.data_offset)));
+                             std::to_string(size - std::min(size, header.data_offset)));
   }
-  return header;
 }
 
 // Where a file's data goes, shared by its chunks.
@@ -115,9 +121,66 @@ File open_for_mode(const std::string& path, ReadMode mode, std::atomic<bool>& re
 
 }  // namespace
 
+// Small files in read/direct modes: one read of the whole file, header included, into the buffer that
+// becomes the array (a separate header read would cost a second IO per file when the cache is cold).
+// The data starts at data_offset in the buffer, which numpy's writers keep 64-byte aligned.
+bool ManyLoad::load_whole_small_file(std::size_t i, File& file, FileState& state) {
+  const std::string& path = paths_[i];
+  const bool direct = options_.mode == ReadMode::kDirect;
+  if (options_.mode == ReadMode::kMmap || file.size() > 2 * options_.chunk_bytes) return false;
+  File direct_file;
+  const File* source = &file;
+  if (direct) {
+    direct_file = open_for_mode(path, ReadMode::kDirect, state.direct_refused);
+    if (!(direct_file.identity() == file.identity())) throw OsError(ESTALE, path, "file replaced while loading");
+    if (!state.direct_refused.load()) {
+      state.align = direct_alignment(direct_file);
+      source = &direct_file;
+    }
+  }
+  const std::size_t align = std::max<std::size_t>(state.align, kBufferAlignment);
+  auto buffer = std::make_shared<AlignedBuffer>(align_up(std::max<std::uint64_t>(file.size(), 1), align) + align, align);
+  std::uint64_t got;
+  if (source == &direct_file && read_direct_into(direct_file, state.align, buffer->data(), 0, file.size())) {
+    got = file.size();
+  } else {
+    if (source == &direct_file) state.direct_refused.store(true);
+    got = file.read_at(buffer->data(), file.size(), 0);
+    if (got < file.size()) {
+      throw NpyFormatError(path, got, "file ended while reading its " + std::to_string(file.size()) +
+                                          " bytes (truncated, or shrunk while being read)");
+    }
+  }
+  NpyHeader header;
+  try {
+    header = parse_npy_header(std::span<const std::byte>(buffer->data(), got), options_.max_header_size);
+  } catch (const NpyFormatError& e) {
+    throw e.with_path(path);
+  }
+  check_holds_data(header, path, got);
+  state.buffer = buffer;
+  state.dest = buffer->data() + header.data_offset;
+  LoadedArray& result = results_[i];
+  result.path = path;
+  result.owner = buffer;
+  result.data = state.dest;
+  result.writable = true;
+  bytes_done_->fetch_add(header.nbytes);
+  result.header = std::move(header);
+  return true;
+}
+
 void ManyLoad::load_header_and_small(std::size_t i) {
   const std::string& path = paths_[i];
   File file = File::open(path);
+  {
+    auto state = std::make_shared<FileState>();
+    state->identity = file.identity();
+    if (load_whole_small_file(i, file, *state)) {
+      states_[i] = state;
+      return;
+    }
+  }
   NpyHeader header = read_header(file, options_.max_header_size);
   auto state = std::make_shared<FileState>();
   state->identity = file.identity();
