@@ -158,8 +158,16 @@ bool ManyLoad::load_whole_small_file(std::size_t i, File& file, FileState& state
     throw e.with_path(path);
   }
   check_holds_data(header, path, got);
-  state.buffer = buffer;
   state.dest = buffer->data() + header.data_offset;
+  if (header.data_offset % kBufferAlignment != 0) {
+    // Data at an offset no numpy writer uses (they align it to 64, old ones to 16): copy it to an aligned
+    // buffer so that "read"/"direct" arrays are always 64-byte aligned.
+    auto aligned = std::make_shared<AlignedBuffer>(header.nbytes);
+    std::memcpy(aligned->data(), state.dest, header.nbytes);
+    buffer = aligned;
+    state.dest = aligned->data();
+  }
+  state.buffer = buffer;
   LoadedArray& result = results_[i];
   result.path = path;
   result.owner = buffer;
