@@ -29,12 +29,6 @@ import npyfeed
 if importlib.util.find_spec("tensorflow") is None:
     pytest.skip("TensorFlow is not installed", allow_module_level=True)
 
-# TensorFlow's own noise only; none of it comes from npyfeed.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::DeprecationWarning:tensorflow.*"),
-    pytest.mark.filterwarnings("ignore::DeprecationWarning:keras.*"),
-]
-
 WINDOW = 4
 ROWS = 40  # rows per key
 FEATURES = 3
