@@ -61,8 +61,8 @@ import common  # noqa: E402
 
 import npyfeed  # noqa: E402
 
-TABLE_HEADER = ("contender", "src", "cache", "batches", "samples/s", "median", "cpu us/smp", "x (a)", "x (e)",
-                "limit", "x limit", "setup")
+TABLE_HEADER = ("contender", "src", "cache", "batches", "samples/s", "median", "1st ms", "cpu us/smp", "x (a)",
+                "x (e)", "limit", "x limit", "setup")
 USERS_PARALLEL_CALLS = 8  # the users' map(parser, num_parallel_calls=8) (README migration section)
 MAX_COLD_RESIDENCY = 0.02  # a cold measurement that finds more of the data cached than this is not cold
 DEFAULT_WINDOW = common.DataSpec.window  # data sets generated for this window are shared with bench_load.py
@@ -230,7 +230,7 @@ def reference_batch(data: Data, ids: np.ndarray) -> tuple:
 # ------------------------------------------------------------------------------------------ contenders
 #
 # A contender's open(data, batches) does the untimed per-measurement setup and returns run(), which consumes
-# `batches` batches of data.order and returns (samples, first batch); close() releases what open() made.
+# `batches` batches of data.order and returns a Tally; close() releases what open() made.
 
 
 class Contender:
@@ -253,15 +253,30 @@ class Contender:
         return f"open {statistics.median(self.open_times):.2f} s" if self.open_times else "-"
 
 
-def _count(iterator, batches: int) -> tuple:
-    samples, first = 0, None
+class Tally:
+    """A run's batches: samples, and the first batch (kept for the check) with the time it arrived."""
+
+    def __init__(self):
+        self.samples = 0
+        self.first = None
+        self.first_size = 0
+        self.t_first = 0.0
+
+    def add(self, x, y) -> None:
+        n = int(x.shape[0])
+        if self.first is None:
+            self.t_first = time.perf_counter()
+            self.first, self.first_size = (x, y), n
+        self.samples += n
+
+
+def _count(iterator, batches: int) -> Tally:
+    tally = Tally()
     for b, (x, y) in enumerate(iterator):
-        if first is None:
-            first = (x, y)
-        samples += int(x.shape[0])
+        tally.add(x, y)
         if b + 1 == batches:
             break
-    return samples, first
+    return tally
 
 
 class TFPipeline(Contender):
@@ -387,15 +402,13 @@ class NumpyVectorised(Contender):
         ids, b = data.ids(batches), data.batch
 
         def run():
-            samples, first = 0, None
+            tally = Tally()
             for start in range(0, len(ids), b):
                 chunk = ids[start:start + b]
                 x = windows[row0[chunk]]  # (B, W, F): one fancy index, a W*F block per sample
                 y = lab_flat[lab_row[chunk]]
-                if first is None:
-                    first = (x, y)
-                samples += len(chunk)
-            return samples, first
+                tally.add(x, y)
+            return tally
         return run
 
     def setup_text(self, data):
@@ -422,7 +435,7 @@ class MmapSlicing(Contender):
         f, lc = data.cols, data.label_cols
 
         def run():
-            samples, first = 0, None
+            tally = Tally()
             for start in range(0, len(ids), b):
                 chunk = ids[start:start + b].tolist()
                 x = np.empty((len(chunk), w, f), dtype=np.float32)
@@ -432,10 +445,8 @@ class MmapSlicing(Contender):
                     fi = int(fidx[s])
                     x[i] = factors[key][fi - w + 1: fi + 1]
                     y[i] = labels[key][lidx[s]]
-                if first is None:
-                    first = (x, y)
-                samples += len(chunk)
-            return samples, first
+                tally.add(x, y)
+            return tally
         return run
 
     def close(self):
@@ -577,6 +588,7 @@ class Result:
     batches: int
     rates: list = field(default_factory=list)  # samples/s per round
     cpu_us: list = field(default_factory=list)  # process CPU microseconds (user + system, all threads) per sample
+    first_ms: list = field(default_factory=list)  # time to the first batch, ms
     residency: float = 0.0  # cold: largest page-cache residency of the data files seen just before a measurement
 
     @property
@@ -615,8 +627,8 @@ def parse_args(argv=None):
     g.add_argument("--python-batches", type=int, default=40,
                    help="batches per warm measurement of the per-sample Python contenders (b, c, mmap slicing) "
                         "(default 40)")
-    g.add_argument("--users-batches", type=int, default=2,
-                   help="batches per measurement of (a), warm and cold (default 2; it is that slow)")
+    g.add_argument("--users-batches", type=int, default=3,
+                   help="batches per measurement of (a), warm and cold (default 3; it is that slow)")
     g.add_argument("--seed", type=int, default=0, help="shuffle seed, the same for every contender (default 0)")
     g.add_argument("--random-reads", type=int, default=2000,
                    help="reads per random-read probe of the disk limit (default 2000)")
@@ -656,8 +668,9 @@ def check_outputs(data: Data, contenders: list, args, log) -> None:
     for c in contenders:
         run = c.open(data, 1, log)
         try:
-            samples, (x, y) = run()
+            x, y = run().first
         finally:
+            del run
             c.close()
         x, y = np.asarray(x), np.asarray(y)
         if x.dtype != np.float32 or not (np.array_equal(x, want_x) and np.array_equal(y, want_y.reshape(y.shape))):
@@ -687,7 +700,8 @@ def run_dtype(args, dtype, tf, limits, log) -> tuple:
         for rnd in range(args.repeats):
             # The limit probe runs in the round, beside the contenders.
             if cache == "warm":
-                limits["copy"].append(common.memcpy_bandwidth(args.threads, args.copy_bytes, repeats=3))
+                limits.setdefault(f"copy_{dtype}", []).append(
+                    common.memcpy_bandwidth(args.threads, args.copy_bytes, repeats=3))
             else:
                 rr = common.odirect_random_bandwidth(data.ds.factor_paths, args.threads, block=window_bytes,
                                                      reads=args.random_reads, seed=rnd)
@@ -706,15 +720,26 @@ def run_dtype(args, dtype, tf, limits, log) -> tuple:
                 try:
                     cpu0 = _cpu_seconds()
                     t0 = time.perf_counter()
-                    samples, _ = run()
-                    elapsed = time.perf_counter() - t0
+                    tally = run()
+                    t_end = time.perf_counter()
                     cpu = _cpu_seconds() - cpu0
                 finally:
                     del run  # its closure may hold mappings: drop it, or the next eviction cannot
                     c.close()
-                r.rates.append(samples / elapsed)
-                r.cpu_us.append(cpu / samples * 1e6)
-                log(f"  {cache} round {rnd + 1}/{args.repeats}  {c.name:40s} {samples / elapsed:12,.0f} samples/s")
+                # Warm: throughput from the first batch's arrival on (steady state: a pipeline's start-up,
+                # e.g. TensorFlow's iterator, is paid once per epoch, not per batch; it is shown apart).
+                # Cold: from the start, first batch included: on a cold cache the first batch is where the
+                # reading happens (a page fault in a mapping reads up to read_ahead_kb around it).
+                if cache == "warm" and tally.samples > tally.first_size and t_end > tally.t_first:
+                    rate = (tally.samples - tally.first_size) / (t_end - tally.t_first)
+                else:
+                    rate = tally.samples / (t_end - t0)
+                r.rates.append(rate)
+                r.first_ms.append((tally.t_first - t0) * 1e3)
+                r.cpu_us.append(cpu / tally.samples * 1e6)
+                del tally
+                log(f"  {cache} round {rnd + 1}/{args.repeats}  {c.name:40s} {rate:12,.0f} samples/s "
+                    f"(first batch {r.first_ms[-1]:,.0f} ms)")
         results += list(res.values())
     if "cold" in {r.cache for r in results}:
         rr = common.odirect_random_bandwidth(data.ds.factor_paths, 4 * args.threads, block=window_bytes,
@@ -749,7 +774,7 @@ def main(argv=None) -> int:
         import tensorflow as tf  # noqa: PLC0415 (lazy: --no-tf runs without it)
 
     load_before = os.getloadavg()
-    limits: dict = {"copy": []}
+    limits: dict = {}
     log("limits: memory copy, 1 thread ...")
     copy_1 = common.memcpy_bandwidth(1, args.copy_bytes, repeats=2 if args.quick else 5)
     all_results, setups, residency, window_bytes = [], {}, 0.0, {}
@@ -761,9 +786,10 @@ def main(argv=None) -> int:
         window_bytes[dtype] = wb
 
     out_sample_bytes = args.window * args.cols * 4  # float32 x output per sample
-    copy_gbps = best(limits["copy"])
     limit_rate = {}  # (dtype, cache) -> (name, samples/s)
     for dtype in args.dtypes:
+        # Each dtype's rows against the probes of its own rounds: the machine's state drifts over a run.
+        copy_gbps = best(limits.get(f"copy_{dtype}", []))
         if copy_gbps:
             limit_rate[(dtype, "warm")] = (f"copy x{args.threads}", copy_gbps * common.GB / out_sample_bytes)
         rr = best(limits.get(f"random_{dtype}", []))
@@ -781,10 +807,10 @@ def main(argv=None) -> int:
         vs_e = r.best / e.best if e else None
         vs_lim = r.best / lim if lim else None
         rows.append([r.contender.name, r.dtype, r.cache, r.batches, f"{r.best:,.0f}", f"{r.median:,.0f}",
-                     f"{r.best_cpu_us:,.1f}", common.fmt(vs_a, ".1f", "x"), common.fmt(vs_e, ".2f", "x"), lim_name,
+                     f"{statistics.median(r.first_ms):,.0f}", f"{r.best_cpu_us:,.1f}", common.fmt(vs_a, ".1f", "x"), common.fmt(vs_e, ".2f", "x"), lim_name,
                      common.fmt(vs_lim, ".2f", "x"), setups.get((r.contender, r.dtype), "-")])
         results_json.append({"name": r.contender.name, "tag": r.contender.tag, "dtype": r.dtype, "cache": r.cache,
-                             "batches": r.batches, "samples_per_s": r.rates, "cpu_us_per_sample": r.cpu_us,
+                             "batches": r.batches, "samples_per_s": r.rates, "cpu_us_per_sample": r.cpu_us, "first_batch_ms": r.first_ms,
                              "best": r.best, "median": r.median, "residency_before": r.residency if r.cache == "cold" else None,
                              "vs_a": vs_a, "vs_e_mmap": vs_e, "limit": lim_name, "limit_samples_per_s": lim,
                              "vs_limit": vs_lim, "setup": setups.get((r.contender, r.dtype))})
@@ -802,9 +828,12 @@ def main(argv=None) -> int:
     print("limits (same run, best probe)")
     lim_rows = [["memory copy x1", f"{copy_1:.2f}", f"{copy_1 * common.GB / out_sample_bytes:,.0f}",
                  f"{out_sample_bytes} B x out"]]
-    if copy_gbps:
-        lim_rows.append([f"memory copy x{args.threads}", f"{copy_gbps:.2f}",
-                         f"{copy_gbps * common.GB / out_sample_bytes:,.0f}", f"{out_sample_bytes} B x out"])
+    for name, values in limits.items():
+        if name.startswith("copy_"):
+            g = best(values)
+            lim_rows.append([f"memory copy x{args.threads} ({name[5:]} rounds)", common.fmt(g, ".2f"),
+                             "-" if g is None else f"{g * common.GB / out_sample_bytes:,.0f}",
+                             f"{out_sample_bytes} B x out"])
     for name, values in limits.items():
         if name.startswith("random_"):
             dtype, qd = name[len("random_"):], args.threads
@@ -816,9 +845,10 @@ def main(argv=None) -> int:
                              "-" if rate is None else f"{rate:,.0f}", f"{window_bytes[dtype]} B windows"])
     print(common.format_table(("limit", "GB/s", "samples/s", "per sample"), lim_rows, align="lrrl"))
     print()
-    print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrlrl"))
+    print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrrlrl"))
     print()
-    print("samples/s = best round (median beside it); x (a) / x (e) = against (a) and (e) npyfeed mmap, same source "
+    print("samples/s = best round (median beside it); warm: counted from the first batch's arrival to the last "
+          "batch's (steady state), cold: from the start (first batch included); 1st ms = median time to the first batch (pipeline start-up, once per epoch); x (a) / x (e) = against (a) and (e) npyfeed mmap, same source "
           "dtype and cache; cpu us/smp = CPU time of this process (all threads: npyfeed's, TensorFlow's) per sample in "
           "the best round; x limit = against the limit named (warm: memory copy of the float32 x output; cold: "
           "O_DIRECT random reads of source windows). Cold = all data files evicted before each measurement (max "
