@@ -468,8 +468,6 @@ def test_stopping_early_and_exiting_does_not_hang(scripts, name):
     assert "Traceback" not in err
 
 
-@pytest.mark.xfail(strict=True, reason="core: pool workers inherit the flush-to-zero mode of the thread that "
-                                      "starts them (TensorFlow's, when the first gather runs in a from_generator call)")
 def test_subnormals_survive_a_gather_from_tensorflow(scripts):
     scripts.result("subnormals_survive_a_gather_from_tensorflow")
 

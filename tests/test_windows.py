@@ -1256,3 +1256,30 @@ def test_gil_released_during_gathers(large_dataset, mode):
     assert x.shape == (1024, 100, 256) and y.shape == (1024, 4)
     assert after - before >= 10 * calls, (after - before, calls)
     assert_batch((np.ascontiguousarray(x[::97]), y[::97].copy()), reference(large_dataset, large_dataset.entries[:1024:97], "float32"))
+
+
+def test_close_from_another_thread_while_next_waits(tmp_path):
+    # close() may come from another thread while next() waits for a gather: the waiting next() then ends the
+    # iteration (StopIteration) instead of racing on the read-ahead queue.
+    import threading
+
+    rng = np.random.default_rng(7)
+    factors = {f"k{i}": rng.standard_normal((400, 64), dtype=np.float32) for i in range(4)}
+    labels = {k: rng.standard_normal((400, 2), dtype=np.float32) for k in factors}
+    index = [(int(f), int(f), k) for k in factors for f in range(49, 400)]
+    src = npyfeed.WindowSource.from_arrays(index, factors, labels, 50)
+    for _ in range(20):
+        it = src.batches(64, prefetch=4, shuffle=True)
+        first = next(it)
+        closer = threading.Thread(target=it.close)
+        got = []
+        closer.start()
+        try:
+            for batch in it:
+                got.append(batch)
+        finally:
+            closer.join()
+        assert first[0].shape == (64, 50, 64)
+        assert len(got) <= src.num_batches(64) - 1
+        assert all(x.shape[1:] == (50, 64) and np.isfinite(x).all() for x, _ in got)
+        assert next(it, None) is None

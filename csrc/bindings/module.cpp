@@ -257,6 +257,7 @@ class PyBatchStream {
     if (!job) throw py::stop_iteration();
     wait_for_batch(*job);
     BatchStream::Batch batch = without_gil([&] { return stream_->take(); });
+    if (!batch.x) throw py::stop_iteration();  // closed by another thread while we waited
     const std::uint32_t out = source_->options().out_size;
     return py::make_tuple(wrap_batch(batch.x, batch.count, source_->x_shape(), out),
                           wrap_batch(batch.y, batch.count, source_->y_shape(), out));

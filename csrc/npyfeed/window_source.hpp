@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,8 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
 std::vector<std::int64_t> epoch_permutation(std::size_t n, std::uint64_t seed, std::uint64_t epoch);
 
 /// Read-ahead over a fixed sample order: keeps up to `prefetch` batch gathers in flight on the pool.
+/// Thread-safe: close() may come from another thread while one waits for a batch (take() then returns an
+/// empty batch, count 0).
 class BatchStream {
  public:
   struct Batch {
@@ -153,6 +156,7 @@ class BatchStream {
   std::size_t next_start_;  // next batch number to start
   std::deque<Pending> pending_;
   std::shared_ptr<BufferPool> buffers_;
+  std::mutex mutex_;
   bool closed_ = false;
 };
 

@@ -1,6 +1,8 @@
 #include "npyfeed/thread_pool.hpp"
 
 #include <pthread.h>
+
+#include <cfenv>
 #include <sched.h>
 #include <unistd.h>
 
@@ -89,6 +91,10 @@ void ThreadPool::ensure_size(std::size_t threads) {
 }
 
 void ThreadPool::worker_loop() {
+  // A new thread inherits the floating-point environment of the thread that created it, e.g. the
+  // flush-to-zero mode TensorFlow sets in its threads when a gather first runs inside tf.data. Workers
+  // start from the default environment so conversions keep subnormals, as numpy does.
+  std::fesetenv(FE_DFL_ENV);
   while (true) {
     std::shared_ptr<Job> job;
     {

@@ -688,12 +688,14 @@ void BatchStream::fill() {
 }
 
 std::shared_ptr<Job> BatchStream::next_job() {
+  std::lock_guard lock(mutex_);
   fill();
   return pending_.empty() ? nullptr : pending_.front().job;
 }
 
 BatchStream::Batch BatchStream::take() {
-  if (pending_.empty()) throw InvalidArgument("no batch in flight");
+  std::lock_guard lock(mutex_);
+  if (closed_ || pending_.empty()) return {};  // closed meanwhile (by another thread)
   Pending p = std::move(pending_.front());
   pending_.pop_front();
   p.job->wait();
@@ -702,6 +704,7 @@ BatchStream::Batch BatchStream::take() {
 }
 
 void BatchStream::close() {
+  std::lock_guard lock(mutex_);
   closed_ = true;
   for (auto& p : pending_) p.job->cancel();
   for (auto& p : pending_) {
