@@ -45,6 +45,11 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _rss_growth(before: int) -> int:
+    # Resident memory this step added (0 when the allocator handed memory back meanwhile).
+    return max(0, _rss_bytes() - before)
+
+
 def generate(root: str, keys: int, rows: int, features: int, labels: int, window: int, stride: int,
              stock: str = "demo_stock", mode: str = "train") -> tuple:
     """Write a data set in the users' layout; returns (factor_dir, label_dir, index_path)."""
@@ -110,17 +115,17 @@ def _run(args, root: str) -> int:
 
     rss = _rss_bytes()
     t_users, users_dict = _time(users_load)
-    users_mem = _rss_bytes() - rss
+    users_mem = _rss_growth(rss)
     rows.append(("load: np.load loop (users' code)", t_users, None, users_mem))
     del users_dict
     rss = _rss_bytes()
     t_read, store = _time(lambda: load_factor_files(files, {}, mode="read", threads=args.threads))
-    rows.append(("load: npyfeed.load_factor_files mode=read", t_read, None, _rss_bytes() - rss))
+    rows.append(("load: npyfeed.load_factor_files mode=read", t_read, None, _rss_growth(rss)))
     del store
     rss = _rss_bytes()
     t_src, src = _time(lambda: WindowSource(index_path, factor_dir, label_dir, args.window, mode="mmap",
                                             threads=args.threads))
-    rows.append(("open: npyfeed.WindowSource mode=mmap (shared page cache)", t_src, None, _rss_bytes() - rss))
+    rows.append(("open: npyfeed.WindowSource mode=mmap (shared page cache)", t_src, None, _rss_growth(rss)))
 
     # 2. Samples/s: the users' per-sample slicing in Python vs npyfeed's C++ gather.
     B, nb = args.batch_size, args.measure_batches
