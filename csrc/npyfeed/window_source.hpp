@@ -39,6 +39,7 @@ struct ArraySource {
   std::shared_ptr<MappedFile> mapping;    // keeps `memory` valid in mmap mode
   std::shared_ptr<AlignedBuffer> owned;   // small label files read whole in read/direct modes
   File file;                              // read/direct, when descriptors are kept open
+  bool file_is_direct = false;            // `file` was opened with O_DIRECT
   FileIdentity identity;
   std::size_t direct_align = 4096;
   std::shared_ptr<std::atomic<bool>> direct_refused = std::make_shared<std::atomic<bool>>(false);

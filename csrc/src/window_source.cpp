@@ -62,6 +62,13 @@ std::string int128_text(__int128 v) {
   return (negative ? "-" : "") + digits;
 }
 
+// Opens a source's file again; a file replaced since the source was opened is refused, never read.
+File reopen(const ArraySource& source, bool direct) {
+  File file = File::open(source.name, direct);
+  if (!(file.identity() == source.identity)) throw OsError(ESTALE, source.name, "file replaced while reading");
+  return file;
+}
+
 bool fds_fit(std::size_t wanted) {
   struct rlimit rl {};
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return false;
@@ -120,7 +127,10 @@ ArraySource WindowSource::open_file(const std::string& path, bool keep_fd, bool 
         File direct = File::open(path, /*direct=*/true);
         if (!(direct.identity() == source.identity)) throw OsError(ESTALE, path, "file replaced while opening");
         source.direct_align = direct_alignment(direct);
-        if (keep_fd) source.file = std::move(direct);
+        if (keep_fd) {
+          source.file = std::move(direct);
+          source.file_is_direct = true;
+        }
       } catch (const OsError& e) {
         if (e.error_number() != EINVAL) throw;
         source.direct_refused->store(true);
@@ -404,24 +414,19 @@ const std::byte* WindowSource::fetch_rows(const ArraySource& source, std::int64_
     const std::uint64_t cols = static_cast<std::uint64_t>(h.shape[1]);
     transpose_scratch.resize(bytes);
     std::vector<std::byte> column(count * isz);
+    // Columns are short and scattered: read them buffered, through a plain descriptor.
+    File plain;
+    const File* file = &source.file;
+    if (source.memory == nullptr && (!source.file.is_open() || source.file_is_direct)) {
+      plain = reopen(source, /*direct=*/false);
+      file = &plain;
+    }
     for (std::uint64_t f = 0; f < cols; ++f) {
       const std::byte* src;
       const std::uint64_t elem = f * rows + static_cast<std::uint64_t>(first);
       if (source.memory != nullptr) {
         src = source.memory + elem * isz;
       } else {
-        File reopened;
-        const File* file = &source.file;
-        if (!file->is_open()) {
-          reopened = File::open(source.name);
-          if (!(reopened.identity() == source.identity)) throw OsError(ESTALE, source.name, "file replaced while reading");
-          file = &reopened;
-        }
-        if (options_.mode == ReadMode::kDirect && !source.direct_refused->load() && file->is_open() && !reopened.is_open()) {
-          // Columns are short and scattered: read them buffered through a plain descriptor.
-          reopened = File::open(source.name);
-          file = &reopened;
-        }
         file->read_exact(column.data(), column.size(), h.data_offset + elem * isz);
         src = column.data();
       }
@@ -438,9 +443,10 @@ const std::byte* WindowSource::fetch_rows(const ArraySource& source, std::int64_
   File reopened;
   const File* file = &source.file;
   const bool direct = options_.mode == ReadMode::kDirect && !source.direct_refused->load();
-  if (!file->is_open()) {
-    reopened = File::open(source.name, direct);
-    if (!(reopened.identity() == source.identity)) throw OsError(ESTALE, source.name, "file replaced while reading");
+  // Descriptors are reopened when there were too many files to keep them, and when a kept O_DIRECT one
+  // must serve buffered reads (after the filesystem refused an aligned read).
+  if (!file->is_open() || (source.file_is_direct && !direct)) {
+    reopened = reopen(source, direct);
     file = &reopened;
   }
   if (direct) {
@@ -449,10 +455,7 @@ const std::byte* WindowSource::fetch_rows(const ArraySource& source, std::int64_
     std::byte* base = scratch_buffer(align_up(lead + bytes, align) + align, align);
     if (read_direct_into(*file, align, base + lead, offset, bytes)) return base + lead;
     source.direct_refused->store(true);
-    File plain = File::open(source.name);
-    std::byte* dest = scratch_buffer(bytes, kBufferAlignment);
-    plain.read_exact(dest, bytes, offset);
-    return dest;
+    file = &(reopened = reopen(source, /*direct=*/false));
   }
   std::byte* dest = scratch_buffer(bytes, kBufferAlignment);
   file->read_exact(dest, bytes, offset);
@@ -467,9 +470,7 @@ void WindowSource::read_rows_into(const ArraySource& source, std::int64_t first,
     source.file.read_exact(dest, bytes, offset);
     return;
   }
-  File reopened = File::open(source.name);
-  if (!(reopened.identity() == source.identity)) throw OsError(ESTALE, source.name, "file replaced while reading");
-  reopened.read_exact(dest, bytes, offset);
+  reopen(source, /*direct=*/false).read_exact(dest, bytes, offset);
 }
 
 namespace {
