@@ -807,11 +807,13 @@ def main(argv=None) -> int:
         vs_e = r.best / e.best if e else None
         vs_lim = r.best / lim if lim else None
         rows.append([r.contender.name, r.dtype, r.cache, r.batches, f"{r.best:,.0f}", f"{r.median:,.0f}",
-                     f"{statistics.median(r.first_ms):,.0f}", f"{r.best_cpu_us:,.1f}", common.fmt(vs_a, ".1f", "x"), common.fmt(vs_e, ".2f", "x"), lim_name,
-                     common.fmt(vs_lim, ".2f", "x"), setups.get((r.contender, r.dtype), "-")])
+                     f"{statistics.median(r.first_ms):,.0f}", f"{r.best_cpu_us:,.1f}", common.fmt(vs_a, ".1f", "x"),
+                     common.fmt(vs_e, ".2f", "x"), lim_name, common.fmt(vs_lim, ".2f", "x"),
+                     setups.get((r.contender, r.dtype), "-")])
         results_json.append({"name": r.contender.name, "tag": r.contender.tag, "dtype": r.dtype, "cache": r.cache,
-                             "batches": r.batches, "samples_per_s": r.rates, "cpu_us_per_sample": r.cpu_us, "first_batch_ms": r.first_ms,
-                             "best": r.best, "median": r.median, "residency_before": r.residency if r.cache == "cold" else None,
+                             "batches": r.batches, "samples_per_s": r.rates, "cpu_us_per_sample": r.cpu_us,
+                             "first_batch_ms": r.first_ms, "best": r.best, "median": r.median,
+                             "residency_before": r.residency if r.cache == "cold" else None,
                              "vs_a": vs_a, "vs_e_mmap": vs_e, "limit": lim_name, "limit_samples_per_s": lim,
                              "vs_limit": vs_lim, "setup": setups.get((r.contender, r.dtype))})
 
@@ -821,9 +823,9 @@ def main(argv=None) -> int:
     print(f"npyfeed {npyfeed.__version__} bench_windows: {spec}, W={args.window}, B={args.batch}, "
           f"L={args.labels}, sources {','.join(args.dtypes)} -> float32, threads={args.threads}, "
           f"rounds={args.repeats}, seed={args.seed}, data in {args.dir}")
-    print(f"load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after, on {common.machine_info()['cpus']} "
-          "CPUs: above the CPU count, other processes took CPU time from these measurements (ratios within a round "
-          "stay comparable; cpu us/smp is the work done)")
+    print(f"load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after, on "
+          f"{common.machine_info()['cpus']} CPUs: above the CPU count, other processes took CPU time from these "
+          "measurements (ratios within a round stay comparable; cpu us/smp is the work done)")
     print()
     print("limits (same run, best probe)")
     lim_rows = [["memory copy x1", f"{copy_1:.2f}", f"{copy_1 * common.GB / out_sample_bytes:,.0f}",
@@ -848,7 +850,8 @@ def main(argv=None) -> int:
     print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrrlrl"))
     print()
     print("samples/s = best round (median beside it); warm: counted from the first batch's arrival to the last "
-          "batch's (steady state), cold: from the start (first batch included); 1st ms = median time to the first batch (pipeline start-up, once per epoch); x (a) / x (e) = against (a) and (e) npyfeed mmap, same source "
+          "batch's (steady state), cold: from the start (first batch included); 1st ms = median time to the first "
+          "batch (pipeline start-up, once per epoch); x (a) / x (e) = against (a) and (e) npyfeed mmap, same source "
           "dtype and cache; cpu us/smp = CPU time of this process (all threads: npyfeed's, TensorFlow's) per sample in "
           "the best round; x limit = against the limit named (warm: memory copy of the float32 x output; cold: "
           "O_DIRECT random reads of source windows). Cold = all data files evicted before each measurement (max "
