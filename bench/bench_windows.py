@@ -37,7 +37,7 @@ Limits, measured in the same run, interleaved with the contenders (one probe per
 
 Contenders run interleaved (round-robin, rotated each round) so that a noisy machine hits them alike; the table
 shows the best round (samples/s) and the median, and ratios against (a), (e) (npyfeed mmap, same dtype and cache)
-and the limit. Then the issue's targets, met or missed. See bench/README_windows.md.
+and the limit. Then the issue's targets, met or missed. See bench/README.md.
 """
 
 from __future__ import annotations
