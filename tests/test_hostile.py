@@ -38,12 +38,15 @@ def corpus(tmp_path_factory) -> dict:
     return mc.write_all(tmp_path_factory.mktemp("corpus"))
 
 
-def case_params(*, for_npyfeed=True):
+def case_params(*, for_npyfeed=True) -> list:
+    """One `pytest.param` per corpus case (a list: pytest refuses generators as parameter values)."""
+    params = []
     for case in mc.CASES:
         marks = [pytest.mark.skipif(IS_ROOT, reason="root can read a chmod 000 file")] if case.needs_non_root else []
         if case.known_bug and for_npyfeed:
             marks.append(pytest.mark.xfail(strict=True, reason=case.known_bug))
-        yield pytest.param(case, id=case.id, marks=marks)
+        params.append(pytest.param(case, id=case.id, marks=marks))
+    return params
 
 
 def run_op(op: str, path: Path):
