@@ -73,9 +73,27 @@ py::dtype dtype_of(const NpyHeader& header, const std::string& path) {
   return dtype;
 }
 
+// The most dimensions an array of the running numpy can have: 64 from numpy 2, 32 before (the format allows 64).
+std::size_t numpy_max_dims() {
+  static const std::size_t max_dims = [] {
+    const auto version = py::module_::import("numpy").attr("__version__").cast<std::string>();
+    return version.rfind("1.", 0) == 0 ? std::size_t{32} : std::size_t{64};
+  }();
+  return max_dims;
+}
+
+// The numpy dtype of a header, checked against what the running numpy can make of it.
+py::dtype checked_dtype(const NpyHeader& h, const std::string& path) {
+  if (h.shape.size() > numpy_max_dims()) {
+    throw NpyFormatError(path, 0, "too many dimensions: " + std::to_string(h.shape.size()) +
+                                      " (this numpy allows " + std::to_string(numpy_max_dims()) + ")");
+  }
+  return dtype_of(h, path);
+}
+
 py::array wrap_array(const LoadedArray& loaded) {
   const NpyHeader& h = loaded.header;
-  py::dtype dtype = dtype_of(h, loaded.path);
+  py::dtype dtype = checked_dtype(h, loaded.path);
   std::vector<py::ssize_t> shape(h.shape.begin(), h.shape.end());
   std::vector<py::ssize_t> strides(shape.size());
   py::ssize_t stride = static_cast<py::ssize_t>(h.itemsize);
@@ -172,7 +190,7 @@ void wait_interruptibly(const std::shared_ptr<Job>& job, const std::function<voi
 
 py::dict header_dict(const NpyHeader& h, const std::string& path, std::uint64_t file_size) {
   py::dict d;
-  d["dtype"] = dtype_of(h, path);
+  d["dtype"] = checked_dtype(h, path);
   d["shape"] = py::tuple(py::cast(h.shape));
   d["fortran_order"] = h.fortran_order;
   d["version"] = py::make_tuple(h.major_version, h.minor_version);
