@@ -13,6 +13,7 @@
 #include "npyfeed/index.hpp"
 #include "npyfeed/loader.hpp"
 #include "npyfeed/npy_header.hpp"
+#include "npyfeed/page_cache.hpp"
 #include "npyfeed/thread_pool.hpp"
 #include "npyfeed/window_source.hpp"
 
@@ -222,6 +223,28 @@ py::list load_many(const std::vector<std::string>& paths, const std::string& mod
   return out;
 }
 
+// Measures (and with `read`, first warms) the page-cache residency of `paths`: ([(size, resident_before,
+// resident_after) per file], bytes read).
+py::tuple warm_files(const std::vector<std::string>& paths, std::size_t threads, bool read,
+                     const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+  threads = std::max<std::size_t>(threads, 1);
+  CacheWarm warm(paths);
+  ThreadPool& pool = shared_pool();
+  wait_interruptibly(warm.start_measure(pool, threads, /*after=*/false));
+  if (read) {
+    auto tick = [&] {
+      if (progress) progress(warm.bytes_done(), warm.bytes_total());
+    };
+    wait_interruptibly(warm.start_reads(pool, threads), tick);
+    tick();
+    wait_interruptibly(warm.start_measure(pool, threads, /*after=*/true));
+  }
+  py::list files;
+  for (const CacheWarm::FileState& f : warm.files()) {
+    files.append(py::make_tuple(f.size, f.resident_before, read ? f.resident_after : f.resident_before));
+  }
+  return py::make_tuple(files, read ? warm.bytes_read() : 0);
+}
 
 // A (count, *shape) float array over an owned buffer; the capsule keeps the buffer alive (and returns it
 // to its pool only when numpy, and anything that adopted the memory, has let go).
@@ -378,6 +401,7 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("data"), py::arg("max_header_size") = kDefaultMaxHeaderSize);
 
+  m.def("warm_files", &warm_files, py::arg("paths"), py::arg("threads"), py::arg("read"), py::arg("progress") = nullptr);
   m.def("load_many", &load_many, py::arg("paths"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"),
         py::arg("populate"), py::arg("progress") = nullptr);
 

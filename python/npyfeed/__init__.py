@@ -2,6 +2,7 @@
 
 from ._core import NpyFormatError
 from .loading import MODES, Header, load, load_factor_files, load_many, read_header
+from .warm import DirectoryResidency, WarmReport, warm
 from .windows import BOUNDS, BatchIterator, WindowSource
 
 __version__ = "0.1.0"
@@ -26,5 +27,8 @@ __all__ = [
     "WindowSource",
     "BatchIterator",
     "BOUNDS",
+    "warm",
+    "WarmReport",
+    "DirectoryResidency",
     "__version__",
 ]

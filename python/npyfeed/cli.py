@@ -4,6 +4,9 @@
 byte) in parallel, before a multi-day job finds a bad one. Exit status: 0 when every file is good, 1 when any
 is bad (or none was found), 2 for a usage error, 130 when interrupted.
 
+``npyfeed warm PATH...`` brings a data set into the page cache once per node (``npyfeed.warm``) and prints its
+residency per directory; ``--check`` only reports.
+
 Subcommands live in functions ``_add_<name>_parser(sub)`` that register a subparser whose ``func(args)``
 returns the exit status. ``npyfeed demo`` comes from the optional module ``npyfeed.demo``.
 """
@@ -55,6 +58,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"npyfeed {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_scan_parser(sub)
+    _add_warm_parser(sub)
     _add_demo_parser(sub)
     return parser
 
@@ -105,6 +109,42 @@ def _add_scan_parser(sub) -> None:
                    help="also read every byte of every good file (catches IO errors; takes as long as a full load)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no dtype/shape summary")
     p.set_defaults(func=_scan)
+
+
+def _add_warm_parser(sub) -> None:
+    p = sub.add_parser(
+        "warm", help="bring a data set into the page cache once per machine",
+        description="Read the given files, and the files matching --pattern under the given directories, into the "
+                    "OS page cache with large parallel reads (what is cached already is not read again), then "
+                    "print per directory how much of it is resident. Run it once per node before starting the "
+                    "training processes: with mode='mmap' they all share that one cached copy. Processes warming "
+                    "the same files at once take turns (a lock in npyfeed's cache folder) and read each byte once.",
+        epilog="Exit status: 0 done, 1 a file could not be read, 2 usage error.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="a file or a directory to search")
+    p.add_argument("--check", action="store_true", help="only report what is resident (mincore); read nothing")
+    p.add_argument("--pattern", default="*.npy", help="file names to take in directories (default *.npy)")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="parallel reads (default: NPYFEED_THREADS or the CPUs, at least 8)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_warm)
+
+
+def _warm(args) -> int:
+    from .warm import warm
+
+    progress = not args.quiet and not args.check and sys.stderr.isatty()
+    if progress:
+        try:
+            import tqdm  # noqa: F401
+        except ImportError:
+            progress = False
+    try:
+        report = warm(args.paths, threads=args.threads, check=args.check, progress=progress, pattern=args.pattern)
+    except (OSError, ValueError) as e:
+        print(f"npyfeed warm: {e}", file=sys.stderr)
+        return 1
+    print(report.table())
+    return 0
 
 
 @dataclass
