@@ -327,7 +327,10 @@ PYBIND11_MODULE(_core, m) {
     } catch (const OsError& e) {
       py::object error = py::reinterpret_steal<py::object>(PyObject_CallFunction(
           PyExc_OSError, "iOO", e.error_number(), os_text(e.strerror_text()).ptr(), os_text(e.path()).ptr()));
-      if (error) PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+      if (error) {
+        error.attr("offset") = e.offset() ? py::object(py::int_(*e.offset())) : py::object(py::none());
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+      }
     } catch (const IndexOutOfRange& e) {
       PyErr_SetObject(PyExc_IndexError, os_text(e.what()).ptr());
     } catch (const InvalidArgument& e) {
