@@ -54,6 +54,13 @@ class Parser {
     if (depth > max_depth_) fail("literal nested too deeply");
     skip_space();
     if (at_end()) fail("unexpected end of header");
+    const std::size_t start = pos_;
+    PyLiteral value = parse_token(depth);
+    value.position = start;
+    return value;
+  }
+
+  PyLiteral parse_token(int depth) {
     char c = peek();
     if (c == '{') return parse_dict(depth);
     if (c == '[') return parse_sequence(depth, ']', PyLiteral::Kind::kList);

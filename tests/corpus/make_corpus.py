@@ -512,6 +512,23 @@ def _cases() -> list:
     # numpy builds the subarray dtype, then finds 6 elements where the shape promised 3.
     add("dtype_descr_subarray_tuple", refuse, "ValueError",
         with_header(header_text(("<i4", (2,)), (3,)), "<i4", (3, 2)))
+    # ... unless there is one element per element, or none at all: then np.load gives the base dtype.
+    add("dtype_descr_subarray_tuple_one", ok, ok, with_header(header_text(("<i4", (1,)), (3,)), "<i4", (3,)))
+    add("dtype_descr_subarray_tuple_unit", ok, ok, with_header(header_text((">f8", ()), (2, 2)), ">f8", (2, 2)))
+    add("dtype_descr_subarray_tuple_empty", ok, ok, with_header(header_text(("<i4", (5,)), (0, 3)), "<i4", (0,)))
+    # Fields whose type is a subarray, of numbers or of structs, nested as deep as numpy writes them
+    # (numpy's own format tests: record_arrays[4] and test_descr_to_dtype).
+    add("dtype_field_of_subarray", ok, ok, saved(content([("c", ("<f8", (5,)), (2,))], (2,))))
+    padded = np.dtype({"names": ["a", "b"], "formats": ["i1", "i1"], "offsets": [0, 4], "itemsize": 8})
+    add("dtype_field_of_struct_subarray", ok, ok, saved(content([("x", (padded, (3,)), (4,))], (2,))))
+    add("dtype_field_deeply_nested", ok, ok,
+        saved(content([("a", (((np.dtype([("a", "<i8"), ("b", padded)]), (3,)), (4,))), (5,))], (2,)), (2, 0)))
+    add("dtype_field_of_subarray_titles_v3", ok, ok,
+        saved(content([(("t\u00e9", "\u540d"), (">f4", (2, 2)), (3,)), ("z", "|u1")], (2, 2)), (3, 0)))
+    add("dtype_field_of_subarray_fortran", ok, ok,
+        saved(np.asfortranarray(content([("c", ("<i2", (3,)), (2,))], (3, 4)))))
+    add("dtype_zero_itemsize_view", ok, ok,
+        saved(np.zeros(4, dtype=[("I", "<i8"), ("S", "S0")])["S"].reshape(2, 2)))
 
     # --- dtypes that must be refused ---------------------------------------------------------------------
     add("dtype_object", refuse, "ValueError", npy(header_text("|O", (3,)), bytes(24)))
@@ -540,6 +557,13 @@ def _cases() -> list:
         npy(header_text([("a", "<i4", (2 ** 40, 2 ** 40))], (3,)), bytes(12)))
     add("dtype_field_one_element_tuple", refuse, "ValueError",
         npy("{'descr': [('a',)], 'fortran_order': False, 'shape': (3,)}", bytes(12)))
+    add("dtype_field_subarray_one_element", refuse, "IndexError",
+        npy("{'descr': [('a', ('<i4',))], 'fortran_order': False, 'shape': (3,)}", bytes(12)))
+    add("dtype_field_subarray_negative", refuse, "ValueError",
+        npy("{'descr': [('a', ('<f8', (5,)), (2,)), ('b', ('<i4', (-1,)))], 'fortran_order': False, 'shape': (1,)}",
+            bytes(80)))
+    add("dtype_field_subarray_of_object", refuse, "ValueError",
+        npy("{'descr': [('a', ([('o', '|O')], (2,)))], 'fortran_order': False, 'shape': (1,)}", bytes(16)))
 
     # --- data shorter or longer than promised ------------------------------------------------------------
     full = good("<f8", (10,))
@@ -581,7 +605,7 @@ _SAYS = [
     ("shape_product_wraps", "too large"), ("shape_bytes_overflow", "too large"), ("shape_zero_times", "too large"),
     ("shape_int64_max", "truncated"), ("shape_65_dims", "dimensions"), ("shape_0d_no_data", "truncated"),
     ("dtype_object", "object"), ("dtype_structured_with_object", "object"), ("dtype_nested_object", "object"),
-    ("dtype_subarray_of_object", "object"),
+    ("dtype_subarray_of_object", "object"), ("dtype_field_subarray_of_object", "object"),
     ("data_", "truncated"),
     ("file_fifo", "regular file"), ("file_dev_", "regular file"),
 ]

@@ -17,6 +17,7 @@ struct PyLiteral {
   std::int64_t integer = 0;
   std::string str;                // utf-8
   std::vector<PyLiteral> items;   // tuple/list elements; dict as key, value, key, value...
+  std::size_t position = 0;       // where the value starts in the text (parse_npy_header makes it a file offset)
 
   bool is_int_like() const { return kind == Kind::kInt || kind == Kind::kBool; }
   std::int64_t as_int() const { return kind == Kind::kBool ? (boolean ? 1 : 0) : integer; }
