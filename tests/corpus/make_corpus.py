@@ -351,6 +351,28 @@ def _cases() -> list:
         with_header(" \t {'descr': '<i4', 'fortran_order': False, 'shape': (2, 3)}", "<i4", (2, 3)))
     add("text_leading_newline", ok, ok,
         with_header("\n{'descr': '<i4', 'fortran_order': False, 'shape': (2, 3)}", "<i4", (2, 3)))
+    # Outside the brackets Python reads the header line by line: ast.literal_eval strips leading spaces and
+    # tabs, but an indented line after a newline, comment line, continuation or form feed is an "unexpected
+    # indent", and so is a last line of only spaces without a newline (Python 3.11 to 3.13 alike).
+    plain = "{'descr': '<i4', 'fortran_order': False, 'shape': (2, 3)}"
+    for version in ((1, 0), (3, 0)):
+        v = f"v{version[0]}"
+        add(f"text_leading_newline_indent_{v}", refuse, "ValueError", bad_text("\n  " + plain, version))
+        add(f"text_leading_newline_tab_{v}", refuse, "ValueError", bad_text("\r\n\t" + plain, version))
+        add(f"text_comment_line_then_indent_{v}", refuse, "ValueError", bad_text("# c\n " + plain, version))
+        add(f"text_continuation_then_indent_{v}", refuse, "ValueError", bad_text("\\\n " + plain, version))
+        add(f"text_blank_lines_comments_first_{v}", ok, ok,
+            with_header("\n  \n# c\n   # d\r\n\x0c" + plain, "<i4", (2, 3), version=version))
+        add(f"text_trailing_comment_line_{v}", ok, ok,
+            with_header(plain + "\n  # c", "<i4", (2, 3), version=version, pad=False))
+    add("text_form_feed_then_indent_v3", refuse, "ValueError",
+        with_header("\x0c " + plain, "<i4", (2, 3), version=(3, 0)))
+    add("text_form_feed_then_indent_v1", refuse, ok, with_header("\x0c " + plain, "<i4", (2, 3)), differs=(
+        "ast.literal_eval refuses the indented first line; numpy then retries v1/v2 headers through its Python 2 "
+        "filter (tokenize/untokenize), which happens to turn this indentation into spaces that it strips"))
+    # numpy on Python <= 3.11 also "repairs" a v1/v2 last line of spaces that way, Python >= 3.12 not: v3 only.
+    add("text_trailing_indent_no_newline_v3", refuse, "ValueError",
+        with_header(plain + "\n  ", "<i4", (2, 3), version=(3, 0), pad=False))
     add("text_form_feed", ok, ok,
         with_header("{'descr':\x0c'<i4', 'fortran_order': False, 'shape': (2, 3)}", "<i4", (2, 3)))
     add("text_vertical_tab", refuse, "ValueError",
@@ -606,6 +628,8 @@ _SAYS = [
     ("shape_int64_max", "truncated"), ("shape_65_dims", "dimensions"), ("shape_0d_no_data", "truncated"),
     ("dtype_object", "object"), ("dtype_structured_with_object", "object"), ("dtype_nested_object", "object"),
     ("dtype_subarray_of_object", "object"), ("dtype_field_subarray_of_object", "object"),
+    ("text_leading_", "indent"), ("text_comment_line_then_indent", "indent"), ("text_continuation_then", "indent"),
+    ("text_form_feed_then_indent", "indent"), ("text_trailing_indent", "indent"),
     ("data_", "truncated"),
     ("file_fifo", "regular file"), ("file_dev_", "regular file"),
 ]

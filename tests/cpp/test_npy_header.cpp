@@ -248,6 +248,33 @@ TEST_CASE("a (descr, shape) subarray as the whole descr") {
   expect_error(npy(scalar), at(scalar, "('<i4'"), "subarray of 2 elements");
 }
 
+TEST_CASE("indentation outside brackets, as ast.literal_eval reads it") {
+  const std::string dict = dict_of("'<i2'", "(4,)");
+  // Leading spaces and tabs are stripped; blank lines, comments, form feeds and continuations are fine.
+  for (const std::string& prefix : {" \t "s, "\n"s, "\r\n"s, "\r"s, "#c\n"s, "  #c\n"s, "\n  #c\n"s, "\n  \n"s,
+                                    "\\\n"s, "\f"s, "\n\f"s, "\n \f"s, " \f"s, "\n\\\n"s}) {
+    CHECK_EQ(parse(npy(prefix + dict)).nbytes, 8u);
+  }
+  // An indented first line (after a newline, a comment line, a continuation or a form feed) is an
+  // "unexpected indent", as in Python; the offset is the start of that line.
+  const std::pair<std::string, std::uint64_t> indented[] = {
+      {"\n "s, 11}, {"\n\t"s, 11}, {"\r "s, 11}, {"#c\n "s, 13}, {"\\\n "s, 10}, {"\f "s, 10}, {"\n \\\n"s, 11},
+      {"\f \\\n\f"s, 10}};
+  for (const auto& [prefix, offset] : indented) expect_error(npy(prefix + dict), offset, "unexpected indent");
+  // After the literal: blank lines and comments are fine (a comment line however indented), but not a last
+  // line of only spaces without a newline.
+  for (const std::string& suffix : {"\n"s, "\n  \n"s, "  # c\n  #d"s, "\n \f"s, "\f"s, "\n\f"s, " \\\n "s}) {
+    std::string text = dict + suffix;
+    CHECK_EQ(parse(bytes_of(preamble(1, 0, text.size()) + text)).nbytes, 8u);
+  }
+  const std::pair<std::string, std::uint64_t> indented_last[] = {
+      {"\n "s, 1}, {"\n\t"s, 1}, {"\n\n  "s, 2}, {"\n \\\n\f"s, 1}, {"\n #c\n "s, 5}};
+  for (const auto& [suffix, line] : indented_last) {
+    std::string text = dict + suffix;
+    expect_error(bytes_of(preamble(1, 0, text.size()) + text), 10 + dict.size() + line, "unexpected indent");
+  }
+}
+
 TEST_CASE("python literal syntax numpy accepts") {
   // Double quotes, no spaces, trailing commas, v1's long suffix, comments and line continuations, a repeated
   // key (Python keeps the last value, so np.load does too).
