@@ -65,7 +65,8 @@ py::dtype dtype_of(const NpyHeader& header, const std::string& path) {
     throw NpyFormatError(path, header.descr.position, "invalid dtype descr: " + py::str(e.value()).cast<std::string>());
   }
   if (static_cast<std::uint64_t>(dtype.itemsize()) != header.itemsize) {
-    throw NpyFormatError(path, header.descr.position, "unsupported dtype descr (numpy and npyfeed disagree on its item size)");
+    throw NpyFormatError(path, header.descr.position,
+                         "unsupported dtype descr (numpy and npyfeed disagree on its item size)");
   }
   if (dtype.attr("hasobject").cast<bool>()) {
     throw NpyFormatError(path, header.descr.position, "object arrays cannot be loaded: npyfeed never unpickles");
