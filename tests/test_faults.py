@@ -46,7 +46,8 @@ CHILD = textwrap.dedent(
         except Exception as e:
             return {"ok": False, "type": type(e).__name__, "oserror": isinstance(e, OSError),
                     "format_error": isinstance(e, npyfeed.NpyFormatError), "errno": getattr(e, "errno", None),
-                    "filename": getattr(e, "filename", None), "message": str(e)}
+                    "filename": getattr(e, "filename", None), "offset": getattr(e, "offset", None),
+                    "message": str(e)}
         equal = []
         for a, ref in zip(arrays, args["refs"]):
             r = np.load(ref)
@@ -90,7 +91,8 @@ def shim(tmp_path_factory) -> Path:
 def run_child(shim: Path, args: dict, tmp_path: Path, **fault) -> tuple:
     """Runs CHILD under the shim with NPYFEED_FAULT_<KEY>=value for each keyword.
 
-    Returns its outcome and how many reads the shim faulted.
+    Returns its outcome and how many reads the shim faulted. A failed outcome also holds the shim's
+    ``fault_offset``: the file offset of the last read it faulted.
     """
     env = dict(os.environ)
     env["LD_PRELOAD"] = str(shim)
@@ -106,6 +108,8 @@ def run_child(shim: Path, args: dict, tmp_path: Path, **fault) -> tuple:
     assert lines, proc.stdout + proc.stderr
     result = json.loads(lines[-1][len("RESULT "):])
     shim_stats = dict(item.split("=") for item in report.read_text().split())
+    if not result.get("ok", True):
+        result["fault_offset"] = int(shim_stats["fault_offset"])
     return result, int(shim_stats["faults"])
 
 
@@ -160,6 +164,9 @@ def test_eio_is_oserror_naming_the_file(shim, tmp_path, mode, size):
     for nth, r in each_read(shim, load_args(victim, ref, mode), tmp_path, path="victim", mode="eio"):
         assert not r["ok"] and r["oserror"], (nth, r)
         assert r["errno"] == errno.EIO and r["filename"] == victim, (nth, r)
+        # The byte offset of the failed read, as an attribute and in the message.
+        assert r["offset"] == r["fault_offset"] >= 0, (nth, r)
+        assert f"at byte {r['offset']}:" in r["message"], (nth, r)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -331,3 +338,17 @@ def test_eio_in_one_chunk_among_big_files(shim, tmp_path, mode):
                           path="victim-", mode="eio", nth=3)
     assert faults == 1
     assert not r["ok"] and r["errno"] == errno.EIO and r["filename"] == paths[2], r
+    assert r["offset"] == r["fault_offset"] > 0 and f"at byte {r['offset']}" in r["message"], r
+
+
+def test_errors_before_any_read_keep_errno_and_filename(tmp_path):
+    # Opening fails before any read: the usual OSError subclasses, with no offset to report.
+    missing = tmp_path / "missing.npy"
+    for call in (npyfeed.read_header, npyfeed.load, lambda p: npyfeed.load_many([p], mode="direct")):
+        with pytest.raises(FileNotFoundError) as info:
+            call(missing)
+        assert info.value.errno == errno.ENOENT and info.value.filename == str(missing)
+        assert info.value.offset is None and "at byte" not in str(info.value)
+    with pytest.raises(IsADirectoryError) as info:
+        npyfeed.load(tmp_path)
+    assert info.value.filename == str(tmp_path) and info.value.offset is None

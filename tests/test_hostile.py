@@ -286,3 +286,57 @@ def test_load_factor_files_leaves_the_dict_alone_on_failure(mode, corpus, tmp_pa
     # Without the bad file the same call does fill it (so the checks above can fail).
     assert npyfeed.load_factor_files([good, new], store, mode=mode) is store
     assert store["good"] is not old and np.array_equal(store["new"], np.arange(3))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Layout outside the brackets (issue 12): every arrangement of up to four pieces of whitespace, newlines,
+# comment lines and continuations before and after the dict, with ast.literal_eval, run here, as the oracle.
+# numpy calls it on the header text; for v1/v2 numpy also retries a refused text through its Python 2 filter,
+# whose accidental repairs npyfeed does not follow (DIFFERENCES.md): there only numpy may accept more.
+
+_LAYOUT_PIECES = (" ", "\t", "\x0c", "\n", "\r", "\r\n", "\\\n", "#c\n", "\\\r\n")
+_LAYOUT_DICT = mc.header_text("<i4", (2, 3))
+
+
+def _layouts():
+    import itertools
+
+    for n in range(5):
+        for pieces in itertools.product(_LAYOUT_PIECES, repeat=n):
+            yield "".join(pieces)
+
+
+@pytest.mark.parametrize("version", [(1, 0), (3, 0)], ids=["v1", "v3"])
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_layout_outside_the_dict_matches_literal_eval(where, version):
+    import ast
+    import io
+
+    data = mc.content("<i4", (2, 3)).tobytes()
+    wrong = []
+    count = 0
+    for layout in _layouts():
+        for end in ("", "#c") if where == "after" else ("",):
+            text = layout + _LAYOUT_DICT + "   \n" if where == "before" else _LAYOUT_DICT + layout + end
+            blob = mc.npy(text, data, version=version, pad=False)
+            count += 1
+            try:
+                ast.literal_eval(text)
+                oracle = True
+            except SyntaxError:
+                oracle = False
+            try:
+                npyfeed._core.parse_header_bytes(blob)
+                ours = True
+            except npyfeed.NpyFormatError as e:
+                ours = False
+                assert "at byte" in str(e)
+            try:
+                numpy_load(io.BytesIO(blob))
+                theirs = True
+            except Exception:  # noqa: BLE001 - ValueError, or tokenize.TokenError from the Python 2 filter
+                theirs = False
+            if ours != oracle or (ours and not theirs) or (version == (3, 0) and ours != theirs):
+                wrong.append(f"{text!r}: npyfeed {ours}, ast.literal_eval {oracle}, np.load {theirs}")
+    assert count > 7000
+    assert not wrong, f"{len(wrong)} of {count} differ:\n" + "\n".join(wrong[:20])

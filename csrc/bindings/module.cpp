@@ -63,13 +63,14 @@ py::dtype dtype_of(const NpyHeader& header, const std::string& path) {
     dtype = py::reinterpret_borrow<py::dtype>(descr_to_dtype(literal_to_python(header.descr)));
   } catch (py::error_already_set& e) {
     // Only numpy's message, not pybind11's traceback lines.
-    throw NpyFormatError(path, 0, "invalid dtype descr: " + py::str(e.value()).cast<std::string>());
+    throw NpyFormatError(path, header.descr.position, "invalid dtype descr: " + py::str(e.value()).cast<std::string>());
   }
   if (static_cast<std::uint64_t>(dtype.itemsize()) != header.itemsize) {
-    throw NpyFormatError(path, 0, "unsupported dtype descr (numpy and npyfeed disagree on its item size)");
+    throw NpyFormatError(path, header.descr.position,
+                         "unsupported dtype descr (numpy and npyfeed disagree on its item size)");
   }
   if (dtype.attr("hasobject").cast<bool>()) {
-    throw NpyFormatError(path, 0, "object arrays cannot be loaded: npyfeed never unpickles");
+    throw NpyFormatError(path, header.descr.position, "object arrays cannot be loaded: npyfeed never unpickles");
   }
   return dtype;
 }
@@ -114,10 +115,17 @@ py::array wrap_array(const LoadedArray& loaded) {
   py::capsule base(owner, [](void* p) { delete static_cast<std::shared_ptr<void>*>(p); });
   static const std::byte kEmpty[64] = {};
   const void* data = loaded.data != nullptr ? static_cast<const void*>(loaded.data) : kEmpty;
-  py::array array(dtype, shape, strides, data, base);
+  // Zero-size items have all-zero strides, from which numpy calls an array both C and F contiguous. np.load
+  // reshapes a flat array, and numpy's reshape gives a C-order array only the C flag: build it the same way.
+  // (np.load's F-order arrays are transposes, both C and F contiguous, as the explicit strides give.)
+  const bool flat_then_reshape = h.itemsize == 0 && !h.fortran_order;
+  py::array array = flat_then_reshape
+                        ? py::array(dtype, std::vector<py::ssize_t>{static_cast<py::ssize_t>(h.count)}, {0}, data, base)
+                        : py::array(dtype, shape, strides, data, base);
   if (!loaded.writable || data == kEmpty) {
     py::detail::array_proxy(array.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   }
+  if (flat_then_reshape) return array.attr("reshape")(py::cast(shape));
   return array;
 }
 
@@ -368,7 +376,10 @@ PYBIND11_MODULE(_core, m) {
     } catch (const OsError& e) {
       py::object error = py::reinterpret_steal<py::object>(PyObject_CallFunction(
           PyExc_OSError, "iOO", e.error_number(), os_text(e.strerror_text()).ptr(), os_text(e.path()).ptr()));
-      if (error) PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+      if (error) {
+        error.attr("offset") = e.offset() ? py::object(py::int_(*e.offset())) : py::object(py::none());
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+      }
     } catch (const IndexOutOfRange& e) {
       PyErr_SetObject(PyExc_IndexError, os_text(e.what()).ptr());
     } catch (const InvalidArgument& e) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -30,17 +31,23 @@ class NpyFormatError : public Error {
   std::string reason_;
 };
 
-/// A failed system call. Maps to `OSError` (and so to `FileNotFoundError`, ...) with errno and filename.
+/// A failed system call. Maps to `OSError` (and so to `FileNotFoundError`, ...) with errno, filename and
+/// `offset`: the byte offset of a failed read (in the message too), or None where there is none (open, stat).
 class OsError : public Error {
  public:
-  OsError(int error_number, std::string path, const std::string& operation);
+  /// `operation` says what failed ("cannot open"); `offset` is the file offset of a failed read.
+  OsError(int error_number, std::string path, const std::string& operation,
+          std::optional<std::uint64_t> offset = std::nullopt);
   int error_number() const noexcept { return errno_; }
   const std::string& path() const noexcept { return path_; }
+  std::optional<std::uint64_t> offset() const noexcept { return offset_; }
+  /// "cannot read at byte 4096: Input/output error": the message without the path (Python adds it).
   const std::string& strerror_text() const noexcept { return text_; }
 
  private:
   int errno_;
   std::string path_;
+  std::optional<std::uint64_t> offset_;
   std::string text_;
 };
 

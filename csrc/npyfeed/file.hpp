@@ -36,7 +36,7 @@ class File {
   bool is_open() const noexcept { return fd_ >= 0; }
 
   /// Reads up to `length` bytes at `offset`, looping over short reads and EINTR; returns the bytes read,
-  /// which is less than `length` only at end of file. Throws OsError.
+  /// which is less than `length` only at end of file. Throws OsError carrying the offset of the failed read.
   std::size_t read_at(void* buffer, std::size_t length, std::uint64_t offset) const;
   /// Like read_at, but a short read is an NpyFormatError saying the file ended early (truncated).
   void read_exact(void* buffer, std::size_t length, std::uint64_t offset) const;

@@ -29,7 +29,10 @@ struct ScalarType {
 struct NpyHeader {
   int major_version = 0;
   int minor_version = 0;
-  detail::PyLiteral descr;       // the 'descr' value, as written (string or list of fields)
+  // The 'descr' value as written (a typestr or a list of fields, whose fields may nest structs and
+  // (descr, shape) subarrays); a top-level (descr, shape) that np.load accepts is unwrapped to its base.
+  // The `position` of each value in it is its byte offset in the file.
+  detail::PyLiteral descr;
   std::string descr_text;        // the typestr when descr is a string, else empty
   ScalarType scalar;             // kind '\0' unless descr is a simple numeric typestr
   std::uint64_t itemsize = 0;
@@ -48,10 +51,12 @@ std::uint64_t npy_header_end(std::span<const std::byte> prefix, std::size_t max_
 /// Parses and validates a header from the first bytes of a file (at least `npy_header_end` of them).
 /// Never evaluates text; refuses object dtypes; checks `prod(shape) * itemsize` for overflow.
 /// It does not know the file size: compare `data_offset + nbytes` with it before reading.
-/// Throws NpyFormatError (without a path; use `with_path`).
+/// Throws NpyFormatError (without a path; use `with_path`) whose offset is the byte where the offending
+/// value (a field, a dimension, a typestr) starts in the file.
 NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::size_t max_header_size = kDefaultMaxHeaderSize);
 
-/// Itemsize of a descr value (typestr or list of fields). Throws NpyFormatError for what np.load refuses.
+/// Itemsize of a descr value (typestr, (descr, shape) subarray or list of fields, nested to any depth).
+/// Throws NpyFormatError for what np.load refuses, at the `position` of the offending value.
 /// When `scalar` is given and descr is a plain numeric typestr, it is filled in.
 std::uint64_t descr_itemsize(const detail::PyLiteral& descr, ScalarType* scalar = nullptr);
 

@@ -42,7 +42,7 @@ bool read_direct_into(const File& file, std::size_t align, std::byte* dest, std:
     if (got < 0) {
       if (errno == EINTR) continue;
       if (errno == EINVAL) return false;
-      throw OsError(errno, file.path(), "cannot read (O_DIRECT)");
+      throw OsError(errno, file.path(), "cannot read (O_DIRECT)", start + at);
     }
     if (got == 0 && at == done) break;  // end of file at a block boundary
     if (at + static_cast<std::uint64_t>(got) <= done) return false;

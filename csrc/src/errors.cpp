@@ -21,10 +21,17 @@ NpyFormatError NpyFormatError::with_path(const std::string& path) const {
   return NpyFormatError(path, offset_, reason_);
 }
 
-OsError::OsError(int error_number, std::string path, const std::string& operation)
-    : Error(operation + " '" + path + "': " + std::strerror(error_number)),
+namespace {
+std::string at_byte(std::optional<std::uint64_t> offset) {
+  return offset ? " at byte " + std::to_string(*offset) : std::string();
+}
+}  // namespace
+
+OsError::OsError(int error_number, std::string path, const std::string& operation, std::optional<std::uint64_t> offset)
+    : Error(operation + " '" + path + "'" + at_byte(offset) + ": " + std::strerror(error_number)),
       errno_(error_number),
       path_(std::move(path)),
-      text_(operation + ": " + std::strerror(error_number)) {}
+      offset_(offset),
+      text_(operation + at_byte(offset) + ": " + std::strerror(error_number)) {}
 
 }  // namespace npyfeed

@@ -70,7 +70,7 @@ std::size_t File::read_at(void* buffer, std::size_t length, std::uint64_t offset
     ssize_t got = ::pread(fd_, out + done, want, static_cast<off_t>(offset + done));
     if (got < 0) {
       if (errno == EINTR) continue;
-      throw OsError(errno, path_, "cannot read");
+      throw OsError(errno, path_, "cannot read", offset + done);
     }
     if (got == 0) break;  // end of file
     done += static_cast<std::size_t>(got);

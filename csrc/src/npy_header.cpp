@@ -148,10 +148,11 @@ bool parse_typestr(std::string_view s, TypeStr& out) {
   return true;
 }
 
-std::uint64_t typestr_itemsize(std::string_view s, ScalarType* scalar) {
+std::uint64_t typestr_itemsize(const PyLiteral& descr, ScalarType* scalar) {
+  const std::string& s = descr.str;
+  auto bad = [&]() { fail(descr.position, "unsupported dtype descr '" + s + "'"); };
   TypeStr t{};
-  if (!parse_typestr(s, t)) fail(0, "unsupported dtype descr '" + std::string(s) + "'");
-  auto bad = [&]() { fail(0, "unsupported dtype descr '" + std::string(s) + "'"); };
+  if (!parse_typestr(s, t)) bad();
   std::uint64_t itemsize = t.size;
   switch (t.kind) {
     case 'b':  // 'b1' (a bare '?' arrives here as 'b1'; numpy refuses '?1')
@@ -179,7 +180,7 @@ std::uint64_t typestr_itemsize(std::string_view s, ScalarType* scalar) {
       itemsize = detail::checked_mul(t.size, 4, [&] { bad(); });
       break;
     case 'O':
-      fail(0, "object arrays cannot be loaded: npyfeed never unpickles (descr '" + std::string(s) + "')");
+      fail(descr.position, "object arrays cannot be loaded: npyfeed never unpickles (descr '" + s + "')");
     default:
       bad();
   }
@@ -192,39 +193,69 @@ std::uint64_t typestr_itemsize(std::string_view s, ScalarType* scalar) {
   return itemsize;
 }
 
+constexpr int kMaxDescrDepth = 16;
+
+// Elements in a subarray shape, as numpy.dtype((base, shape)) takes it: an int, or a tuple or list of ints.
+std::uint64_t subarray_count(const PyLiteral& shape) {
+  auto dim = [](const PyLiteral& d) {
+    if (d.kind != PyLiteral::Kind::kInt) fail(d.position, "bad subarray shape in descr");
+    if (d.as_int() < 0) fail(d.position, "negative subarray shape in descr");
+    return static_cast<std::uint64_t>(d.as_int());
+  };
+  if (shape.kind == PyLiteral::Kind::kInt) return dim(shape);
+  if (shape.kind != PyLiteral::Kind::kTuple && shape.kind != PyLiteral::Kind::kList) {
+    fail(shape.position, "bad subarray shape in descr");
+  }
+  std::uint64_t count = 1;
+  for (const PyLiteral& d : shape.items) {
+    count = detail::checked_mul(count, dim(d), [&] { fail(shape.position, "subarray shape in descr too large"); });
+  }
+  return count;
+}
+
+// A `(descr, shape)` subarray, as numpy's descr_to_dtype reads it: items 0 and 1 (it ignores any more).
+void check_subarray(const PyLiteral& descr) {
+  if (descr.items.size() < 2) fail(descr.position, "a subarray descr must be a (descr, shape) pair");
+}
+
+// The grammar of numpy.lib.format.descr_to_dtype:
+//   descr    := typestr | (descr, shape) | [field, ...]
+//   field    := (name, descr) | (name, descr, shape)       name := str | (title, name)
+// so fields nest structs and subarrays to any depth: ('c', ('<f8', (5,)), (2,)) is a (2,) array of (5,) arrays.
 std::uint64_t descr_itemsize_impl(const PyLiteral& descr, ScalarType* scalar, int depth) {
-  if (depth > 16) fail(0, "dtype descr nested too deeply");
-  if (descr.kind == PyLiteral::Kind::kStr) return typestr_itemsize(descr.str, scalar);
-  if (descr.kind != PyLiteral::Kind::kList) fail(0, "descr is neither a type string nor a list of fields");
+  if (depth > kMaxDescrDepth) fail(descr.position, "dtype descr nested too deeply");
+  if (descr.kind == PyLiteral::Kind::kStr) return typestr_itemsize(descr, scalar);
+  auto too_large = [&] { fail(descr.position, "structured dtype too large"); };
+  if (descr.kind == PyLiteral::Kind::kTuple) {
+    check_subarray(descr);
+    std::uint64_t base = descr_itemsize_impl(descr.items[0], nullptr, depth + 1);
+    return detail::checked_mul(base, subarray_count(descr.items[1]), too_large);
+  }
+  if (descr.kind != PyLiteral::Kind::kList) {
+    fail(descr.position, "descr is neither a type string, a (descr, shape) subarray nor a list of fields");
+  }
   std::uint64_t total = 0;
-  auto overflow = [] { fail(0, "structured dtype too large"); };
   for (const PyLiteral& field : descr.items) {
     if (field.kind != PyLiteral::Kind::kTuple || field.items.size() < 2 || field.items.size() > 3) {
-      fail(0, "a field of a structured descr must be (name, descr) or (name, descr, shape)");
+      fail(field.position, "a field of a structured descr must be (name, descr) or (name, descr, shape)");
     }
     const PyLiteral& name = field.items[0];
     bool name_ok = name.kind == PyLiteral::Kind::kStr ||
                    (name.kind == PyLiteral::Kind::kTuple && name.items.size() == 2 &&
                     name.items[0].kind == PyLiteral::Kind::kStr && name.items[1].kind == PyLiteral::Kind::kStr);
-    if (!name_ok) fail(0, "a field name of a structured descr must be a string or a (title, name) pair");
+    if (!name_ok) fail(name.position, "a field name of a structured descr must be a string or a (title, name) pair");
     std::uint64_t size = descr_itemsize_impl(field.items[1], nullptr, depth + 1);
-    if (field.items.size() == 3) {
-      const PyLiteral& sub = field.items[2];
-      if (sub.kind == PyLiteral::Kind::kInt) {
-        if (sub.as_int() < 0) fail(0, "negative subarray shape in descr");
-        size = detail::checked_mul(size, static_cast<std::uint64_t>(sub.as_int()), overflow);
-      } else if (sub.kind == PyLiteral::Kind::kTuple) {
-        for (const PyLiteral& d : sub.items) {
-          if (d.kind != PyLiteral::Kind::kInt || d.as_int() < 0) fail(0, "bad subarray shape in descr");
-          size = detail::checked_mul(size, static_cast<std::uint64_t>(d.as_int()), overflow);
-        }
-      } else {
-        fail(0, "bad subarray shape in descr");
-      }
-    }
-    total = detail::checked_add(total, size, overflow);
+    if (field.items.size() == 3) size = detail::checked_mul(size, subarray_count(field.items[2]), too_large);
+    total = detail::checked_add(total, size, too_large);
   }
   return total;
+}
+
+// Positions of every value, from offsets in the parsed (utf-8) text to byte offsets in the file.
+template <class ToFile>
+void to_file_offsets(PyLiteral& value, const ToFile& to_file) {
+  value.position = to_file(value.position);
+  for (PyLiteral& item : value.items) to_file_offsets(item, to_file);
 }
 
 }  // namespace
@@ -260,48 +291,76 @@ NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::size_t max_hea
     text = latin1_to_utf8(raw);
   }
 
+  // Offsets in the parsed text -> offsets in the file: a latin-1 byte >= 0x80 became two bytes of utf-8.
+  std::vector<std::uint32_t> raw_of;
+  if (text.size() != raw.size()) {
+    raw_of.reserve(text.size() + 1);
+    for (std::size_t j = 0; j < raw.size(); ++j) {
+      raw_of.push_back(static_cast<std::uint32_t>(j));
+      if (static_cast<unsigned char>(raw[j]) >= 0x80) raw_of.push_back(static_cast<std::uint32_t>(j));
+    }
+    raw_of.push_back(static_cast<std::uint32_t>(raw.size()));
+  }
+  auto to_file = [&](std::size_t text_pos) -> std::uint64_t {
+    if (text_pos > text.size()) text_pos = text.size();
+    return p.size + (raw_of.empty() ? text_pos : raw_of[text_pos]);
+  };
+
   PyLiteral dict;
   try {
     dict = detail::parse_py_literal(text, /*allow_long_suffix=*/p.major < 3);
   } catch (const detail::PyLiteralError& e) {
-    // Positions in the converted text can differ from the raw bytes for latin-1; they are close enough to find it.
-    fail(p.size + e.position, "cannot parse header: " + e.reason);
+    fail(to_file(e.position), "cannot parse header: " + e.reason);
   }
-  if (dict.kind != PyLiteral::Kind::kDict) fail(p.size, "header is not a dictionary");
+  to_file_offsets(dict, to_file);
+  if (dict.kind != PyLiteral::Kind::kDict) fail(dict.position, "header is not a dictionary");
   const PyLiteral* descr = dict_get(dict, "descr");
   const PyLiteral* fortran = dict_get(dict, "fortran_order");
   const PyLiteral* shape = dict_get(dict, "shape");
   if (descr == nullptr || fortran == nullptr || shape == nullptr || dict.items.size() != 6) {
-    fail(p.size, "header does not contain exactly the keys 'descr', 'fortran_order' and 'shape'");
+    fail(dict.position, "header does not contain exactly the keys 'descr', 'fortran_order' and 'shape'");
   }
-  if (fortran->kind != PyLiteral::Kind::kBool) fail(p.size, "'fortran_order' is not a bool");
-  if (shape->kind != PyLiteral::Kind::kTuple) fail(p.size, "'shape' is not a tuple of integers");
+  if (fortran->kind != PyLiteral::Kind::kBool) fail(fortran->position, "'fortran_order' is not a bool");
+  if (shape->kind != PyLiteral::Kind::kTuple) fail(shape->position, "'shape' is not a tuple of integers");
 
   NpyHeader h;
   h.major_version = p.major;
   h.minor_version = p.minor;
   h.fortran_order = fortran->boolean;
   h.data_offset = end;
-  auto too_big = [&] { fail(p.size, "array too large: prod(shape) * itemsize overflows 64 bits"); };
+  auto too_big = [&] { fail(shape->position, "array too large: prod(shape) * itemsize overflows 64 bits"); };
   std::uint64_t count = 1;
   bool zero = false;
   for (const PyLiteral& d : shape->items) {
     // Not bools: np.load accepts them in the header, then reshape refuses them.
-    if (d.kind != PyLiteral::Kind::kInt) fail(p.size, "'shape' is not a tuple of integers");
-    if (d.as_int() < 0) fail(p.size, "negative dimension " + std::to_string(d.as_int()) + " in shape");
+    if (d.kind != PyLiteral::Kind::kInt) fail(d.position, "'shape' is not a tuple of integers");
+    if (d.as_int() < 0) fail(d.position, "negative dimension " + std::to_string(d.as_int()) + " in shape");
     h.shape.push_back(d.as_int());
     if (d.as_int() == 0) zero = true;
     else count = detail::checked_mul(count, static_cast<std::uint64_t>(d.as_int()), too_big);
   }
-  if (h.shape.size() > 64) fail(p.size, "too many dimensions (numpy allows 64)");
+  if (h.shape.size() > 64) fail(shape->position, "too many dimensions (numpy allows 64)");
   h.count = zero ? 0 : count;
-  try {
-    h.itemsize = descr_itemsize_impl(*descr, &h.scalar, 0);
-  } catch (const NpyFormatError& e) {
-    fail(p.size, e.reason());
+
+  // A (descr, shape) subarray as the whole descr: numpy reads prod(shape) base elements per array element,
+  // then reshapes them to the header's shape, which works only when prod(shape) is 1 or the array is empty,
+  // and gives an array of the base dtype. numpy never writes such a header.
+  const PyLiteral* base = descr;
+  std::uint64_t per_element = 1;
+  for (int depth = 0; base->kind == PyLiteral::Kind::kTuple; ++depth) {
+    if (depth > kMaxDescrDepth) fail(base->position, "dtype descr nested too deeply");
+    check_subarray(*base);
+    per_element = detail::checked_mul(per_element, subarray_count(base->items[1]),
+                                      [&] { fail(base->position, "subarray shape in descr too large"); });
+    base = &base->items[0];
   }
-  if (descr->kind == PyLiteral::Kind::kStr) h.descr_text = descr->str;
-  h.descr = *descr;
+  h.itemsize = descr_itemsize_impl(*base, &h.scalar, 0);
+  if (per_element != 1 && h.count != 0) {
+    fail(descr->position, "the descr is a subarray of " + std::to_string(per_element) +
+                              " elements: np.load cannot give it the shape in the header");
+  }
+  if (base->kind == PyLiteral::Kind::kStr) h.descr_text = base->str;
+  h.descr = *base;
   // numpy itself refuses arrays whose byte size does not fit in a signed 64-bit integer.
   std::uint64_t nbytes = detail::checked_mul(count, h.itemsize, too_big);
   if (nbytes > static_cast<std::uint64_t>(INT64_MAX)) too_big();

@@ -12,10 +12,23 @@ class Parser {
   Parser(std::string_view text, bool allow_long_suffix, int max_depth)
       : text_(text), allow_long_suffix_(allow_long_suffix), max_depth_(max_depth) {}
 
+  // Outside brackets Python's tokenizer reads the text line by line, and an indented line opens a block,
+  // which a literal cannot: ast.literal_eval strips leading spaces and tabs of the first line only, so
+  // "\n  {...}" is an "unexpected indent" (the same in Python 3.11 to 3.13). Inside brackets layout is free.
   PyLiteral parse_all() {
+    while (!at_end() && (peek() == ' ' || peek() == '\t')) ++pos_;  // literal_eval's lstrip(" \t")
+    if (skip_blank_lines()) fail("unexpected indent before the literal (an indented first line)");
     PyLiteral value = parse_value(0);
-    skip_space();
-    if (pos_ != text_.size()) fail("unexpected text after the literal");
+    // The rest of the literal's line: spaces, continuations, a comment.
+    while (!at_end()) {
+      if (peek() == ' ' || peek() == '\t' || peek() == '\f') ++pos_;
+      else if (peek() == '\\' && continuation_length() > 0) pos_ += continuation_length();
+      else break;
+    }
+    skip_comment();
+    if (!at_end() && !at_newline()) fail("unexpected text after the literal");
+    if (skip_blank_lines()) fail("unexpected indent after the literal");
+    if (!at_end()) fail("unexpected text after the literal");
     return value;
   }
 
@@ -42,6 +55,65 @@ class Parser {
     }
   }
 
+  bool at_newline() const { return peek() == '\n' || peek() == '\r'; }
+
+  void skip_newline() {
+    if (peek() == '\r') ++pos_;
+    if (peek() == '\n') ++pos_;
+  }
+
+  void skip_comment() {
+    if (peek() == '#') {
+      while (!at_end() && !at_newline()) ++pos_;
+    }
+  }
+
+  // Skips the indentation of the line starting at pos_ as Python's tokenizer measures it: a form feed resets
+  // the column, and across backslash-newlines the column of the first backslash counts where it is not 0.
+  // Returns whether the line is indented (column > 0).
+  bool skip_indentation() {
+    std::size_t column = 0;
+    std::size_t continued_at = 0;
+    while (!at_end()) {
+      char c = peek();
+      if (c == ' ') {
+        ++column;
+      } else if (c == '\t') {
+        column = (column / 8 + 1) * 8;
+      } else if (c == '\f') {
+        column = 0;
+      } else if (c == '\\' && continuation_length() > 0) {
+        if (continued_at == 0) continued_at = column;
+        pos_ += continuation_length();
+        continue;
+      } else {
+        break;
+      }
+      ++pos_;
+    }
+    return (continued_at != 0 ? continued_at : column) != 0;
+  }
+
+  // Skips blank and comment-only lines from the start of a line. Stops at the first character of the next
+  // line with content (or the end) and returns whether that line is indented: Python refuses both an
+  // indented line with content and, at the end of the text, an indented last line without a newline.
+  bool skip_blank_lines() {
+    while (true) {
+      std::size_t line_start = pos_;
+      bool indented = skip_indentation();
+      if (peek() == '#') {  // a comment line is blank, however indented
+        skip_comment();
+        indented = false;
+      }
+      if (at_newline()) {
+        skip_newline();
+        continue;
+      }
+      if (indented) pos_ = line_start;
+      return indented;
+    }
+  }
+
   // Length of a backslash-newline at pos_, or 0. Python refuses one that ends the text.
   std::size_t continuation_length() const {
     std::size_t n = 1;
@@ -54,6 +126,13 @@ class Parser {
     if (depth > max_depth_) fail("literal nested too deeply");
     skip_space();
     if (at_end()) fail("unexpected end of header");
+    const std::size_t start = pos_;
+    PyLiteral value = parse_token(depth);
+    value.position = start;
+    return value;
+  }
+
+  PyLiteral parse_token(int depth) {
     char c = peek();
     if (c == '{') return parse_dict(depth);
     if (c == '[') return parse_sequence(depth, ']', PyLiteral::Kind::kList);

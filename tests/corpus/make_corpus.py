@@ -363,6 +363,28 @@ def _cases() -> list:
             "Python 3.10 on); npyfeed reads them on every Python, as numpy does on 3.10 and later"))))
     add("text_leading_newline", ok, ok,
         with_header("\n{'descr': '<i4', 'fortran_order': False, 'shape': (2, 3)}", "<i4", (2, 3)))
+    # Outside the brackets Python reads the header line by line: ast.literal_eval strips leading spaces and
+    # tabs, but an indented line after a newline, comment line, continuation or form feed is an "unexpected
+    # indent", and so is a last line of only spaces without a newline (Python 3.11 to 3.13 alike).
+    plain = "{'descr': '<i4', 'fortran_order': False, 'shape': (2, 3)}"
+    for version in ((1, 0), (3, 0)):
+        v = f"v{version[0]}"
+        add(f"text_leading_newline_indent_{v}", refuse, "ValueError", bad_text("\n  " + plain, version))
+        add(f"text_leading_newline_tab_{v}", refuse, "ValueError", bad_text("\r\n\t" + plain, version))
+        add(f"text_comment_line_then_indent_{v}", refuse, "ValueError", bad_text("# c\n " + plain, version))
+        add(f"text_continuation_then_indent_{v}", refuse, "ValueError", bad_text("\\\n " + plain, version))
+        add(f"text_blank_lines_comments_first_{v}", ok, ok,
+            with_header("\n  \n# c\n   # d\r\n\x0c" + plain, "<i4", (2, 3), version=version))
+        add(f"text_trailing_comment_line_{v}", ok, ok,
+            with_header(plain + "\n  # c", "<i4", (2, 3), version=version, pad=False))
+    add("text_form_feed_then_indent_v3", refuse, "ValueError",
+        with_header("\x0c " + plain, "<i4", (2, 3), version=(3, 0)))
+    add("text_form_feed_then_indent_v1", refuse, ok, with_header("\x0c " + plain, "<i4", (2, 3)), differs=(
+        "ast.literal_eval refuses the indented first line; numpy then retries v1/v2 headers through its Python 2 "
+        "filter (tokenize/untokenize), which happens to turn this indentation into spaces that it strips"))
+    # numpy on Python <= 3.11 also "repairs" a v1/v2 last line of spaces that way, Python >= 3.12 not: v3 only.
+    add("text_trailing_indent_no_newline_v3", refuse, "ValueError",
+        with_header(plain + "\n  ", "<i4", (2, 3), version=(3, 0), pad=False))
     add("text_form_feed", ok, ok,
         with_header("{'descr':\x0c'<i4', 'fortran_order': False, 'shape': (2, 3)}", "<i4", (2, 3)))
     add("text_vertical_tab", refuse, "ValueError",
@@ -527,6 +549,23 @@ def _cases() -> list:
     # numpy builds the subarray dtype, then finds 6 elements where the shape promised 3.
     add("dtype_descr_subarray_tuple", refuse, "ValueError",
         with_header(header_text(("<i4", (2,)), (3,)), "<i4", (3, 2)))
+    # ... unless there is one element per element, or none at all: then np.load gives the base dtype.
+    add("dtype_descr_subarray_tuple_one", ok, ok, with_header(header_text(("<i4", (1,)), (3,)), "<i4", (3,)))
+    add("dtype_descr_subarray_tuple_unit", ok, ok, with_header(header_text((">f8", ()), (2, 2)), ">f8", (2, 2)))
+    add("dtype_descr_subarray_tuple_empty", ok, ok, with_header(header_text(("<i4", (5,)), (0, 3)), "<i4", (0,)))
+    # Fields whose type is a subarray, of numbers or of structs, nested as deep as numpy writes them
+    # (numpy's own format tests: record_arrays[4] and test_descr_to_dtype).
+    add("dtype_field_of_subarray", ok, ok, saved(content([("c", ("<f8", (5,)), (2,))], (2,))))
+    padded = np.dtype({"names": ["a", "b"], "formats": ["i1", "i1"], "offsets": [0, 4], "itemsize": 8})
+    add("dtype_field_of_struct_subarray", ok, ok, saved(content([("x", (padded, (3,)), (4,))], (2,))))
+    add("dtype_field_deeply_nested", ok, ok,
+        saved(content([("a", (((np.dtype([("a", "<i8"), ("b", padded)]), (3,)), (4,))), (5,))], (2,)), (2, 0)))
+    add("dtype_field_of_subarray_titles_v3", ok, ok,
+        saved(content([(("t\u00e9", "\u540d"), (">f4", (2, 2)), (3,)), ("z", "|u1")], (2, 2)), (3, 0)))
+    add("dtype_field_of_subarray_fortran", ok, ok,
+        saved(np.asfortranarray(content([("c", ("<i2", (3,)), (2,))], (3, 4)))))
+    add("dtype_zero_itemsize_view", ok, ok,
+        saved(np.zeros(4, dtype=[("I", "<i8"), ("S", "S0")])["S"].reshape(2, 2)))
 
     # --- dtypes that must be refused ---------------------------------------------------------------------
     add("dtype_object", refuse, "ValueError", npy(header_text("|O", (3,)), bytes(24)))
@@ -555,6 +594,13 @@ def _cases() -> list:
         npy(header_text([("a", "<i4", (2 ** 40, 2 ** 40))], (3,)), bytes(12)))
     add("dtype_field_one_element_tuple", refuse, "ValueError",
         npy("{'descr': [('a',)], 'fortran_order': False, 'shape': (3,)}", bytes(12)))
+    add("dtype_field_subarray_one_element", refuse, "IndexError",
+        npy("{'descr': [('a', ('<i4',))], 'fortran_order': False, 'shape': (3,)}", bytes(12)))
+    add("dtype_field_subarray_negative", refuse, "ValueError",
+        npy("{'descr': [('a', ('<f8', (5,)), (2,)), ('b', ('<i4', (-1,)))], 'fortran_order': False, 'shape': (1,)}",
+            bytes(80)))
+    add("dtype_field_subarray_of_object", refuse, "ValueError",
+        npy("{'descr': [('a', ([('o', '|O')], (2,)))], 'fortran_order': False, 'shape': (1,)}", bytes(16)))
 
     # --- data shorter or longer than promised ------------------------------------------------------------
     full = good("<f8", (10,))
@@ -596,7 +642,9 @@ _SAYS = [
     ("shape_product_wraps", "too large"), ("shape_bytes_overflow", "too large"), ("shape_zero_times", "too large"),
     ("shape_int64_max", "truncated"), ("shape_65_dims", "dimensions"), ("shape_64_dims_numpy1", "dimensions"), ("shape_0d_no_data", "truncated"),
     ("dtype_object", "object"), ("dtype_structured_with_object", "object"), ("dtype_nested_object", "object"),
-    ("dtype_subarray_of_object", "object"),
+    ("dtype_subarray_of_object", "object"), ("dtype_field_subarray_of_object", "object"),
+    ("text_leading_", "indent"), ("text_comment_line_then_indent", "indent"), ("text_continuation_then", "indent"),
+    ("text_form_feed_then_indent", "indent"), ("text_trailing_indent", "indent"),
     ("data_", "truncated"),
     ("file_fifo", "regular file"), ("file_dev_", "regular file"),
 ]

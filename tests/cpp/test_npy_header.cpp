@@ -2,7 +2,9 @@
 // malformed ones, each refused with an NpyFormatError at the right byte offset. Mirrors tests/test_npy_header.py.
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "check.hpp"
@@ -52,6 +54,13 @@ std::string dict_of(const std::string& descr, const std::string& shape, const st
 }
 
 NpyHeader parse(const Bytes& b, std::size_t cap = kDefaultMaxHeaderSize) { return parse_npy_header(b, cap); }
+
+// The file offset of `needle` inside the v1 header text `dict` (errors point at the offending value).
+std::uint64_t at(const std::string& dict, const std::string& needle) {
+  std::size_t i = dict.find(needle);
+  if (i == std::string::npos) throw std::logic_error("test bug: '" + needle + "' is not in " + dict);
+  return 10 + i;
+}
 
 // Expects an NpyFormatError at `offset` whose reason mentions `part`.
 void expect_error(const Bytes& b, std::uint64_t offset, const std::string& part, std::size_t cap = kDefaultMaxHeaderSize,
@@ -175,7 +184,8 @@ TEST_CASE("fortran order, 0-d and empty shapes") {
   CHECK_EQ(empty.count, 0u);
   CHECK_EQ(empty.nbytes, 0u);
   // As in numpy, a zero dimension does not excuse the others from overflowing.
-  expect_error(npy(dict_of("'<f8'", "(0, 9223372036854775807, 9223372036854775807)")), 10, "overflows");
+  std::string zero_huge = dict_of("'<f8'", "(0, 9223372036854775807, 9223372036854775807)");
+  expect_error(npy(zero_huge), at(zero_huge, "(0,"), "overflows");
   CHECK_EQ(parse(npy(dict_of("'<f8'", "(0, 576460752303423488)"))).nbytes, 0u);
 }
 
@@ -196,6 +206,17 @@ TEST_CASE("other dtypes and their item sizes") {
       {"[('a', '<i4', 2), (('title', 'b'), '|u1')]", 9},
       {"[('outer', [('x', '<f4'), ('y', '<f4')]), ('n', '<i2')]", 10},
       {"[('', '|V3'), ('x', '<u1')]", 4},
+      // Fields whose type is itself a subarray or a subarray of structs, as numpy writes them (numpy's own
+      // format tests: record_arrays[4] and test_descr_to_dtype).
+      {"[('c', ('<f8', (5,)), (2,))]", 80},
+      {"[('x', ([('a', '|i1'), ('', '|V3'), ('b', '|i1'), ('', '|V3')], (3,)), (4,))]", 96},
+      {"[('a', (([('a', '<i8'), ('b', [('a', '|i1'), ('', '|V3'), ('b', '|i1'), ('', '|V3')])], (3,)), (4,)), (5,))]",
+       16 * 60},
+      {"[(('t', 'x'), ('>f4', (2,)), 3), ('y', ('<i2', ()))]", 26},
+      // What numpy.dtype((base, shape)) also takes: a list or an int as the shape; extra tuple items are ignored.
+      {"[('a', ('<i4', [2]))]", 8},
+      {"[('a', ('<i4', 0))]", 0},
+      {"[('a', ('<i4', (2,), 'ignored'))]", 8},
   };
   for (const Case& c : cases) {
     NpyHeader h = parse(npy(dict_of(c.descr, "(3,)")));
@@ -204,6 +225,54 @@ TEST_CASE("other dtypes and their item sizes") {
     CHECK_EQ(descr_itemsize(h.descr), c.itemsize);
   }
   CHECK_EQ(parse(npy(dict_of("'|S10'", "(1,)"))).scalar.kind, '\0');  // not numeric
+}
+
+TEST_CASE("a (descr, shape) subarray as the whole descr") {
+  // np.load reads prod(shape) base elements per array element and reshapes them to the header's shape: that
+  // works only for one element per element or an empty array, and gives the base dtype.
+  for (const char* descr : {"('<i4', (1,))", "('<i4', ())", "('<i4', 1)", "(('<i4', (1, 1)), [1])"}) {
+    NpyHeader h = parse(npy(dict_of(descr, "(3,)")));
+    CHECK_EQ(h.itemsize, 4u);
+    CHECK_EQ(h.nbytes, 12u);
+    CHECK_EQ(h.descr_text, std::string("<i4"));
+    CHECK_EQ(h.scalar.kind, 'i');
+    CHECK_EQ(descr_itemsize(h.descr), 4u);
+  }
+  NpyHeader empty = parse(npy(dict_of("([('a', '<i2')], (2,))", "(0, 4)")));
+  CHECK_EQ(empty.itemsize, 2u);
+  CHECK_EQ(empty.nbytes, 0u);
+  CHECK(empty.descr.kind == detail::PyLiteral::Kind::kList);
+  std::string two = dict_of("('<i4', (2,))", "(3,)");
+  expect_error(npy(two), at(two, "('<i4'"), "subarray of 2 elements");
+  std::string scalar = dict_of("('<i4', (2,))", "()");
+  expect_error(npy(scalar), at(scalar, "('<i4'"), "subarray of 2 elements");
+}
+
+TEST_CASE("indentation outside brackets, as ast.literal_eval reads it") {
+  const std::string dict = dict_of("'<i2'", "(4,)");
+  // Leading spaces and tabs are stripped; blank lines, comments, form feeds and continuations are fine.
+  for (const std::string& prefix : {" \t "s, "\n"s, "\r\n"s, "\r"s, "#c\n"s, "  #c\n"s, "\n  #c\n"s, "\n  \n"s,
+                                    "\\\n"s, "\f"s, "\n\f"s, "\n \f"s, " \f"s, "\n\\\n"s}) {
+    CHECK_EQ(parse(npy(prefix + dict)).nbytes, 8u);
+  }
+  // An indented first line (after a newline, a comment line, a continuation or a form feed) is an
+  // "unexpected indent", as in Python; the offset is the start of that line.
+  const std::pair<std::string, std::uint64_t> indented[] = {
+      {"\n "s, 11}, {"\n\t"s, 11}, {"\r "s, 11}, {"#c\n "s, 13}, {"\\\n "s, 10}, {"\f "s, 10}, {"\n \\\n"s, 11},
+      {"\f \\\n\f"s, 10}};
+  for (const auto& [prefix, offset] : indented) expect_error(npy(prefix + dict), offset, "unexpected indent");
+  // After the literal: blank lines and comments are fine (a comment line however indented), but not a last
+  // line of only spaces without a newline.
+  for (const std::string& suffix : {"\n"s, "\n  \n"s, "  # c\n  #d"s, "\n \f"s, "\f"s, "\n\f"s, " \\\n "s}) {
+    std::string text = dict + suffix;
+    CHECK_EQ(parse(bytes_of(preamble(1, 0, text.size()) + text)).nbytes, 8u);
+  }
+  const std::pair<std::string, std::uint64_t> indented_last[] = {
+      {"\n "s, 1}, {"\n\t"s, 1}, {"\n\n  "s, 2}, {"\n \\\n\f"s, 1}, {"\n #c\n "s, 5}};
+  for (const auto& [suffix, line] : indented_last) {
+    std::string text = dict + suffix;
+    expect_error(bytes_of(preamble(1, 0, text.size()) + text), 10 + dict.size() + line, "unexpected indent");
+  }
 }
 
 TEST_CASE("python literal syntax numpy accepts") {
@@ -278,13 +347,14 @@ TEST_CASE("malformed header text") {
   expect_error(npy("{'descr': '<i2', 'fortran_order': False}"), t, "exactly the keys");
   expect_error(npy("{'descr': '<i2', 'fortran_order': False, 'shape': (4,), 'extra': 1}"), t, "exactly the keys");
   expect_error(npy("{'Descr': '<i2', 'fortran_order': False, 'shape': (4,)}"), t, "exactly the keys");
-  expect_error(npy(dict_of("'<i2'", "(4,)", "0")), t, "'fortran_order' is not a bool");
-  expect_error(npy(dict_of("'<i2'", "(4,)", "'False'")), t, "'fortran_order' is not a bool");
-  expect_error(npy(dict_of("'<i2'", "[4]")), t, "'shape' is not a tuple");
-  expect_error(npy(dict_of("'<i2'", "4")), t, "'shape' is not a tuple");
-  expect_error(npy(dict_of("'<i2'", "('4',)")), t, "'shape' is not a tuple");
-  expect_error(npy(dict_of("'<i2'", "(None,)")), t, "'shape' is not a tuple");
-  expect_error(npy(dict_of("'<i2'", "(-1,)")), t, "negative dimension");
+  // Errors about a value point at that value.
+  const std::pair<std::string, std::string> bad_values[] = {
+      {dict_of("'<i2'", "(4,)", "0"), "0,"}, {dict_of("'<i2'", "(4,)", "'False'"), "'False'"},
+      {dict_of("'<i2'", "[4]"), "[4]"}, {dict_of("'<i2'", "4"), "4,"}, {dict_of("'<i2'", "('4',)"), "'4'"},
+      {dict_of("'<i2'", "(None,)"), "None"}, {dict_of("'<i2'", "(4, -1)"), "-1"}};
+  for (const auto& [dict, where] : bad_values) {
+    expect_error(npy(dict), at(dict, where), contains(dict, "-1") ? "negative dimension" : "is not a");
+  }
   // Position-bearing literal errors point inside the text: here at the '.' of 3.5.
   std::string d = dict_of("'<i2'", "(3.5,)");
   expect_error(npy(d), t + d.find("3.5") + 1, "integers");
@@ -306,23 +376,44 @@ TEST_CASE("malformed header text") {
 }
 
 TEST_CASE("dtypes that must be refused") {
-  const std::size_t t = 10;
   // Object arrays: numpy writes '|O' and would unpickle them.
-  expect_error(npy(dict_of("'|O'", "(2,)")), t, "'|O'");
-  expect_error(npy(dict_of("'<O8'", "(2,)")), t, "never unpickles");
-  expect_error(npy(dict_of("[('a', '|O')]", "(2,)")), t, "'|O'");
-  for (const char* bad : {"'<i3'", "'<x4'", "'<f3'", "'<c4'", "''", "'<'", "'<M4'", "'<M8[n-s]'", "'<i4x'", "1",
-                          "None", "[('a',)]", "[('a', '<i4', -1)]", "[('a', '<i4', (2, -1))]", "[(1, '<i4')]",
-                          "'<U99999999999999999999'"}) {
-    expect_error(npy(dict_of(bad, "(2,)")), t, "");
+  std::string object = dict_of("'|O'", "(2,)");
+  expect_error(npy(object), at(object, "'|O'"), "'|O'");
+  std::string object8 = dict_of("'<O8'", "(2,)");
+  expect_error(npy(object8), at(object8, "'<O8'"), "never unpickles");
+  std::string field = dict_of("[('a', '|O')]", "(2,)");
+  expect_error(npy(field), at(field, "'|O'"), "'|O'");
+  std::string nested = dict_of("[('a', [('b', ('<i4', (2,))), ('c', ('|O', 3))])]", "(2,)");
+  expect_error(npy(nested), at(nested, "'|O'"), "never unpickles");
+  // Each error points at the offending value (`where`, the first match in the header text).
+  const std::pair<const char*, const char*> cases[] = {
+      {"'<i3'", "'<i3'"}, {"'<x4'", "'<x4'"}, {"'<f3'", "'<f3'"}, {"'<c4'", "'<c4'"}, {"''", "''"}, {"'<'", "'<'"},
+      {"'<M4'", "'<M4'"}, {"'<M8[n-s]'", "'<M8"}, {"'<i4x'", "'<i4x'"}, {"1", "1,"}, {"None", "None"},
+      {"[('a',)]", "('a',)"}, {"[('a', '<i4', -1)]", "-1"}, {"[('a', '<i4', (2, -1))]", "-1"}, {"[(1, '<i4')]", "1,"},
+      {"'<U99999999999999999999'", "'<U9"}, {"[('a', ('<i4',))]", "('<i4',)"}, {"[('a', ('<i4', 'x'))]", "'x'"},
+      {"[('a', ('<i4', (2,)), (True,))]", "True"}, {"[('a', [('b', '<i3')], 2)]", "'<i3'"},
+      {"[('a', ('<f8', (5,)), (2,)), ('b', ('<f8', (-5,)))]", "-5"}, {"('<i4', (2,))", "('<i4'"},
+      {"('<i4', (-1,))", "-1"}, {"(('<i4', (1,)), ('x',))", "'x'"}};
+  for (const auto& [descr, where] : cases) {
+    std::string dict = dict_of(descr, "(2,)");
+    expect_error(npy(dict), at(dict, where), "");
   }
+  // Latin-1 v1/v2 text is parsed as utf-8: offsets still count the file's bytes.
+  std::string latin = "{'descr': [('\xe9t\xe9', '<i3')], 'fortran_order': False, 'shape': (2,)}";
+  expect_error(npy(latin), at(latin, "'<i3'"), "'<i3'");
 }
 
 TEST_CASE("shapes whose byte size overflows") {
   const std::size_t t = 10;
-  expect_error(npy(dict_of("'<f8'", "(4294967296, 4294967296)")), t, "overflows");
-  expect_error(npy(dict_of("'|u1'", "(4611686018427387904, 2)")), t, "overflows");  // 2^63 bytes > INT64_MAX
-  expect_error(npy(dict_of("'<f8'", "(1152921504606846976,)")), t, "overflows");     // 2^60 * 8
+  const std::pair<const char*, const char*> overflows[] = {
+      {"'<f8'", "(4294967296, 4294967296)"},
+      {"'|u1'", "(4611686018427387904, 2)"},  // 2^63 bytes > INT64_MAX
+      {"'<f8'", "(1152921504606846976,)"},    // 2^60 * 8
+  };
+  for (const auto& [descr, shape] : overflows) {
+    std::string dict = dict_of(descr, shape);
+    expect_error(npy(dict), at(dict, shape), "overflows");
+  }
   // 2^63 does not fit in int64 at all: a literal error at the number.
   std::string d = dict_of("'|u1'", "(9223372036854775808,)");
   expect_error(npy(d), t + d.find("9223372036854775808") + 18, "too large");
@@ -330,12 +421,16 @@ TEST_CASE("shapes whose byte size overflows") {
   NpyHeader h = parse(npy(dict_of("'|u1'", "(9223372036854775807,)")));
   CHECK_EQ(h.nbytes, 9223372036854775807ull);
   // Structured itemsizes overflow too.
-  expect_error(npy(dict_of("[('a', '<f8', (4294967296, 4294967296))]", "(1,)")), t, "too large");
+  std::string big_field = dict_of("[('a', '<f8', (4294967296, 4294967296))]", "(1,)");
+  expect_error(npy(big_field), at(big_field, "(4294967296"), "too large");
+  std::string big_sub = dict_of("[('a', ('<f8', (4294967296, 4294967296)))]", "(1,)");
+  expect_error(npy(big_sub), at(big_sub, "(4294967296"), "too large");
   // numpy allows 64 dimensions.
   std::string shape64 = "(";
   for (int i = 0; i < 64; ++i) shape64 += "1,";
   CHECK_EQ(parse(npy(dict_of("'<i2'", shape64 + ")"))).shape.size(), 64u);
-  expect_error(npy(dict_of("'<i2'", shape64 + "1,)")), t, "too many dimensions");
+  std::string dims65 = dict_of("'<i2'", shape64 + "1,)");
+  expect_error(npy(dims65), at(dims65, "(1,"), "too many dimensions");
 }
 
 TEST_CASE("descr_itemsize on literal values") {

@@ -17,8 +17,8 @@
  *                             makes every read fail once, then succeed when retried
  *   NPYFEED_FAULT_MIN_OFFSET  only reads at or after this file offset count as watched (default 0)
  *   NPYFEED_FAULT_SHORT       short mode: at most this many bytes per read (default: half the request, >= 1)
- *   NPYFEED_FAULT_REPORT      at exit, write "reads=N faults=F max_open=M" here (M: most watched
- *                             descriptors open at once)
+ *   NPYFEED_FAULT_REPORT      at exit, write "reads=N faults=F max_open=M fault_offset=O" here (M: most
+ *                             watched descriptors open at once; O: file offset of the last faulted read, or -1)
  *
  * Without NPYFEED_FAULT_PATH nothing is watched and the shim only passes calls through.
  */
@@ -36,7 +36,7 @@
 #define MAX_FDS 65536
 
 static unsigned char g_watched[MAX_FDS];
-static long g_reads, g_faults, g_open, g_max_open;
+static long g_reads, g_faults, g_open, g_max_open, g_fault_offset = -1;
 static int g_pause_created, g_pause_released;
 
 static const char* g_path;
@@ -68,8 +68,9 @@ __attribute__((destructor)) static void shim_report(void) {
   if (!g_report) return;
   FILE* f = fopen(g_report, "w");
   if (!f) return;
-  fprintf(f, "reads=%ld faults=%ld max_open=%ld\n", __atomic_load_n(&g_reads, __ATOMIC_SEQ_CST),
-          __atomic_load_n(&g_faults, __ATOMIC_SEQ_CST), __atomic_load_n(&g_max_open, __ATOMIC_SEQ_CST));
+  fprintf(f, "reads=%ld faults=%ld max_open=%ld fault_offset=%ld\n", __atomic_load_n(&g_reads, __ATOMIC_SEQ_CST),
+          __atomic_load_n(&g_faults, __ATOMIC_SEQ_CST), __atomic_load_n(&g_max_open, __ATOMIC_SEQ_CST),
+          __atomic_load_n(&g_fault_offset, __ATOMIC_SEQ_CST));
   fclose(f);
 }
 
@@ -156,6 +157,7 @@ static ssize_t faulty_pread(ssize_t (*next)(int, void*, size_t, off_t), int fd, 
             strcmp(g_mode, "none") != 0;
   if (!hit) return next(fd, buf, count, offset);
   __atomic_add_fetch(&g_faults, 1, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&g_fault_offset, (long)offset, __ATOMIC_SEQ_CST);
   if (strcmp(g_mode, "eio") == 0) {
     errno = EIO;
     return -1;

@@ -57,6 +57,13 @@ void check_invariants(const NpyHeader& h, std::span<const std::byte> bytes, std:
   NPYFEED_FUZZ_CHECK(descr_itemsize(h.descr) == h.itemsize);
   if (!h.descr_text.empty()) NPYFEED_FUZZ_CHECK(h.descr.kind == detail::PyLiteral::Kind::kStr && h.descr.str == h.descr_text);
   if (h.scalar.kind != '\0') NPYFEED_FUZZ_CHECK(h.scalar.size == h.itemsize);
+  // Every value of the descr knows where it starts in the file: inside the header text.
+  const std::uint64_t text_start = h.major_version == 1 ? 10 : 12;
+  auto check_positions = [&](const auto& self, const detail::PyLiteral& v) -> void {
+    NPYFEED_FUZZ_CHECK(v.position >= text_start && v.position < h.data_offset);
+    for (const auto& item : v.items) self(self, item);
+  };
+  check_positions(check_positions, h.descr);
 }
 
 // Parses `bytes` under `cap`; on success checks the invariants and that a larger cap agrees.
@@ -72,6 +79,7 @@ void parse_and_check(std::span<const std::byte> bytes, std::size_t cap) {
   } catch (const NpyFormatError& e) {
     NPYFEED_FUZZ_CHECK(e.path().empty());  // the parser knows no path; the loader adds it
     NPYFEED_FUZZ_CHECK(!e.reason().empty());
+    NPYFEED_FUZZ_CHECK(e.offset() <= bytes.size());  // it points into the bytes (or just past them)
     return;
   }
   check_invariants(h, bytes, cap);

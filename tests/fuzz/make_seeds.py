@@ -27,6 +27,11 @@ DTYPES = [
     np.dtype([("x", "<f4", (2, 3)), ("y", [("p", "<i2"), ("q", "S3")])]),
     np.dtype({"names": ["a", "b"], "formats": ["<i4", "<f4"], "titles": ["first", "second"]}),
     np.dtype([("\u00e9t\u00e9", "<i4"), ("\u540d", "<f8")]),  # not latin-1: numpy writes version 3.0
+    # Fields whose type is itself a subarray, of numbers or of (padded) structs, nested (numpy's format tests).
+    np.dtype([("c", ("<f8", (5,)), (2,))]),
+    np.dtype([("x", (np.dtype({"names": ["a", "b"], "formats": ["i1", "i1"], "offsets": [0, 4], "itemsize": 8}),
+                     (3,)), (4,))]),
+    np.dtype([("a", ((np.dtype([("a", "<i8"), ("b", [("c", ">f4", (2,))])]), (3,)), (4,)), (2,))]),
 ]
 SHAPES = [(), (0,), (3,), (2, 3), (2, 0, 4), (1,) * 9]
 
@@ -100,6 +105,9 @@ def large_and_malformed():
     yield raw("{\"descr\": u'<' '>f8', \"fortran_order\": True, \"shape\": (3,\n4)}")
     yield raw("{'descr': '<f8', 'fortran_order': False, 'shape': (" + "1, " * 70 + ")}")
     long_text = "{'descr': '<f8', 'fortran_order': False, 'shape': (3," + " " * 9940 + ")}"
+    yield raw("\n  " + good)                               # indented first line: refused, as by Python
+    yield raw("\x0c # c\n\\\n" + good + "\n  ")            # form feed, comment, continuation; indented end
+    yield raw("{'descr': ('<i4', (1,)), 'fortran_order': False, 'shape': (3,)}")  # top-level subarray
     yield raw(long_text)                                   # just under numpy's 10000 cap
     yield raw(long_text + " " * 100)                       # just over it
     # Old writers aligned the data to 16 bytes.
@@ -112,6 +120,8 @@ def value_seeds():
     for selector, text in [
         (0, "'<f8'"), (0, "[('a', '<i4', (2, 3)), ('b', [('c', '>f8')])]"), (0, "'<U10'"), (0, "'<M8[us]'"),
         (4, "[('\u540d', '<i4')]"), (0, "[(('title', 'name'), '|S3')]"), (0, "'|O'"),
+        (0, "[('c', ('<f8', (5,)), (2,))]"), (0, "[('x', ([('a', '|i1'), ('', '|V3')], (3,)), [4])]"),
+        (0, "('<i4', ())"), (0, "(('>f8', 1), (1, 1))"), (0, "[('a', ('<i4', (2,), 'x'))]"),
         (1, "(3, 4)"), (1, "()"), (1, "(0, 9223372036854775807)"), (1, "(2,)*3"), (1, "(1L, 2L)"),
         (2, "True"), (2, "False"), (2, "None"), (2, "1"),
     ]:

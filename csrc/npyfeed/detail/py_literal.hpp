@@ -17,6 +17,7 @@ struct PyLiteral {
   std::int64_t integer = 0;
   std::string str;                // utf-8
   std::vector<PyLiteral> items;   // tuple/list elements; dict as key, value, key, value...
+  std::size_t position = 0;       // where the value starts in the text (parse_npy_header makes it a file offset)
 
   bool is_int_like() const { return kind == Kind::kInt || kind == Kind::kBool; }
   std::int64_t as_int() const { return kind == Kind::kBool ? (boolean ? 1 : 0) : integer; }
@@ -28,8 +29,10 @@ struct PyLiteralError {
   std::string reason;
 };
 
-/// Parses `text` (utf-8) as one Python literal. `allow_long_suffix` accepts Python 2's `3L`.
-/// Throws `PyLiteralError`.
+/// Parses `text` (utf-8) as one Python literal, as `ast.literal_eval` reads it: leading spaces and tabs are
+/// stripped, then the first line that is not blank or a comment must not be indented, and neither may a last
+/// line of only spaces or tabs without a newline (Python's "unexpected indent"). `allow_long_suffix` accepts
+/// Python 2's `3L`. Throws `PyLiteralError`.
 PyLiteral parse_py_literal(std::string_view text, bool allow_long_suffix, int max_depth = 32);
 
 }  // namespace npyfeed::detail
