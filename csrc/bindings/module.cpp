@@ -9,6 +9,8 @@
 #include <optional>
 #include <type_traits>
 
+#include "npyfeed/batch_stream.hpp"
+#include "npyfeed/epoch_order.hpp"
 #include "npyfeed/errors.hpp"
 #include "npyfeed/index.hpp"
 #include "npyfeed/loader.hpp"
@@ -91,8 +93,8 @@ py::array wrap_array(const LoadedArray& loaded) {
     }
   }
   // The capsule holds a shared_ptr to the buffer or mapping: the array's `.base` keeps it alive.
-  auto* owner = new std::shared_ptr<void>(loaded.owner);
-  py::capsule base(owner, [](void* p) { delete static_cast<std::shared_ptr<void>*>(p); });
+  auto* owner = new std::shared_ptr<const void>(loaded.owner);
+  py::capsule base(owner, [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); });
   static const std::byte kEmpty[64] = {};
   const void* data = loaded.data != nullptr ? static_cast<const void*>(loaded.data) : kEmpty;
   py::array array(dtype, shape, strides, data, base);
@@ -222,17 +224,14 @@ std::vector<std::int64_t> int64_vector(const py::array_t<std::int64_t, py::array
 }
 
 WindowOptions window_options(std::int64_t window, const std::string& dtype, const std::string& bounds, const std::string& mode,
-                             std::size_t threads, std::size_t max_header_size, bool memory) {
+                             std::size_t threads, std::size_t max_header_size) {
   WindowOptions o;
   o.window = window;
-  if (dtype == "float32") o.out_size = 4;
-  else if (dtype == "float64") o.out_size = 8;
-  else throw InvalidArgument("dtype must be float32 or float64, not '" + dtype + "'");
+  o.out_size = parse_out_dtype(dtype);
   o.bounds = parse_bounds(bounds);
-  o.mode = memory ? ReadMode::kMmap : parse_read_mode(mode);
-  o.threads = std::max<std::size_t>(threads, 1);
+  o.mode = parse_read_mode(mode);
+  o.threads = threads;
   o.max_header_size = max_header_size;
-  o.memory = memory;
   return o;
 }
 
@@ -283,7 +282,7 @@ std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::v
                                                 const std::vector<std::string>& label_paths, std::int64_t window,
                                                 const std::string& dtype, const std::string& bounds, const std::string& mode,
                                                 std::size_t threads, std::size_t max_header_size) {
-  auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size, false));
+  auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size));
   wait_interruptibly(without_gil([&] { return source->start_open(shared_pool(), factor_paths, label_paths); }));
   without_gil([&] { source->finish_open(); });
   return source;
@@ -292,7 +291,7 @@ std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::v
 std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, const std::vector<py::array>& factors,
                                                         const std::vector<py::array>& labels, std::int64_t window,
                                                         const std::string& dtype, const std::string& bounds, std::size_t threads) {
-  auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, "mmap", threads, kDefaultMaxHeaderSize, true));
+  auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, "mmap", threads, kDefaultMaxHeaderSize));
   if (factors.size() != index.keys.size() || labels.size() != index.keys.size()) {
     throw InvalidArgument("one factor and one label array per key are needed");
   }
@@ -302,7 +301,7 @@ std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, cons
       if (!(a.flags() & py::array::c_style)) throw InvalidArgument("arrays must be C-contiguous (the caller makes them so)");
       std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
       std::string typestr = a.dtype().attr("str").cast<std::string>();
-      source->set_memory_source(k, which == 1, static_cast<const std::byte*>(a.data()), shape, typestr);
+      source->set_memory_source(k, which == 1, nullptr, static_cast<const std::byte*>(a.data()), shape, typestr);
     }
   }
   source->finish_open();
@@ -415,9 +414,6 @@ PYBIND11_MODULE(_core, m) {
       .def("stream", [](const std::shared_ptr<WindowSource>& s, const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& order,
                         std::size_t batch_size, bool drop_remainder, std::size_t prefetch, std::size_t start_batch) {
         std::vector<std::int64_t> v = int64_vector(order);
-        for (std::int64_t id : v) {
-          if (id < 0 || static_cast<std::size_t>(id) >= s->size()) throw IndexOutOfRange("sample id " + std::to_string(id) + " out of range");
-        }
         return std::make_unique<PyBatchStream>(s, std::move(v), batch_size, drop_remainder, prefetch, start_batch);
       });
 
@@ -431,10 +427,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("window_source_from_arrays", &window_source_from_arrays, py::arg("index"), py::arg("factors"), py::arg("labels"),
         py::arg("window"), py::arg("dtype"), py::arg("bounds"), py::arg("threads"));
   m.def(
-      "epoch_permutation",
-      [](std::size_t n, std::uint64_t seed, std::uint64_t epoch) {
-        std::vector<std::int64_t> order = without_gil([&] { return epoch_permutation(n, seed, epoch); });
+      "epoch_order",
+      [](std::size_t n, bool shuffle, std::uint64_t seed, std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index) {
+        std::vector<std::int64_t> order =
+            without_gil([&] { return epoch_order(n, shuffle, seed, epoch, num_shards, shard_index); });
         return py::array_t<std::int64_t>(order.size(), order.data());
       },
-      py::arg("n"), py::arg("seed"), py::arg("epoch"));
+      py::arg("n"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("num_shards"), py::arg("shard_index"));
 }

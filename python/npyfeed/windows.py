@@ -196,12 +196,11 @@ class WindowSource:
         ``i``, so shards are disjoint and together cover the epoch exactly once.
         """
         _check_shards(num_shards, shard_index)
-        n = len(self)
         if shuffle:
-            order = _core.epoch_permutation(n, _as_u64(seed, "seed"), _as_u64(epoch, "epoch"))
+            seed, epoch = _as_u64(seed, "seed"), _as_u64(epoch, "epoch")
         else:
-            order = np.arange(n, dtype=np.int64)
-        return order[shard_index::num_shards]
+            seed, epoch = 0, 0  # not used: any value is accepted, as before
+        return _core.epoch_order(len(self), bool(shuffle), seed, epoch, int(num_shards), int(shard_index))
 
     def num_batches(self, batch_size: int, *, num_shards: int = 1, shard_index: int = 0,
                     drop_remainder: bool = False) -> int:
