@@ -98,9 +98,7 @@ py::array wrap_array(const LoadedArray& loaded) {
   static const std::byte kEmpty[64] = {};
   const void* data = loaded.data != nullptr ? static_cast<const void*>(loaded.data) : kEmpty;
   py::array array(dtype, shape, strides, data, base);
-  if (!loaded.writable || data == kEmpty) {
-    py::detail::array_proxy(array.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
-  }
+  if (!loaded.writable || data == kEmpty) array.attr("setflags")(py::arg("write") = false);
   return array;
 }
 
@@ -188,7 +186,7 @@ py::list load_many(const std::vector<std::string>& paths, const std::string& mod
                    std::size_t max_header_size, bool populate, const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
   LoadOptions options;
   options.mode = parse_read_mode(mode);
-  options.threads = std::max<std::size_t>(threads, 1);
+  options.threads = threads;
   options.max_header_size = max_header_size;
   options.populate = populate;
   ManyLoad load(paths, options);
@@ -288,6 +286,20 @@ std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::v
   return source;
 }
 
+// A numpy array kept alive from C++: a new reference, dropped with the GIL taken by whichever thread lets
+// go last (a pool worker finishing a gather, perhaps). While the interpreter finalizes the reference is
+// left alone: taking the GIL then could end or block the thread, and the process is ending anyway.
+std::shared_ptr<const void> keep_alive(const py::array& array) {
+  PyObject* object = array.ptr();
+  Py_INCREF(object);
+  return std::shared_ptr<const void>(object, [](const void* p) {
+    if (!Py_IsInitialized() || interpreter_finalizing()) return;
+    PyGILState_STATE state = PyGILState_Ensure();
+    Py_DECREF(static_cast<PyObject*>(const_cast<void*>(p)));
+    PyGILState_Release(state);
+  });
+}
+
 std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, const std::vector<py::array>& factors,
                                                         const std::vector<py::array>& labels, std::int64_t window,
                                                         const std::string& dtype, const std::string& bounds, std::size_t threads) {
@@ -301,7 +313,7 @@ std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, cons
       if (!(a.flags() & py::array::c_style)) throw InvalidArgument("arrays must be C-contiguous (the caller makes them so)");
       std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
       std::string typestr = a.dtype().attr("str").cast<std::string>();
-      source->set_memory_source(k, which == 1, nullptr, static_cast<const std::byte*>(a.data()), shape, typestr);
+      source->set_memory_source(k, which == 1, keep_alive(a), static_cast<const std::byte*>(a.data()), shape, typestr);
     }
   }
   source->finish_open();
@@ -336,8 +348,6 @@ PYBIND11_MODULE(_core, m) {
     }
   });
 
-  m.def("available_cpus", &available_cpus, "CPUs this process may run on.");
-
   m.def(
       "read_header",
       [](const std::string& path, std::size_t max_header_size) {
@@ -364,14 +374,7 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<SampleIndex>(m, "SampleIndex")
       .def("__len__", &SampleIndex::size)
-      .def_property_readonly("keys", [](const SampleIndex& i) { return i.keys; })
-      .def_property_readonly("feature_index", [](const SampleIndex& i) { return py::array_t<std::int64_t>(i.feature_index.size(), i.feature_index.data()); })
-      .def_property_readonly("label_index", [](const SampleIndex& i) { return py::array_t<std::int64_t>(i.label_index.size(), i.label_index.data()); })
-      .def_property_readonly("key_id", [](const SampleIndex& i) {
-        py::array_t<std::int64_t> out(i.key_id.size());
-        std::copy(i.key_id.begin(), i.key_id.end(), out.mutable_data());
-        return out;
-      });
+      .def_property_readonly("keys", [](const SampleIndex& i) { return i.keys; });
 
   m.def(
       "read_index_files",
@@ -404,12 +407,10 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("y_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.y_shape())); })
       .def("describe", &WindowSource::describe)
       .def("get", [](const std::shared_ptr<WindowSource>& s, const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& ids) {
-        std::vector<std::int64_t> v = int64_vector(ids);
-        const std::size_t n = v.size();
-        auto x = std::make_shared<AlignedBuffer>(n * s->x_sample_bytes());
-        auto y = std::make_shared<AlignedBuffer>(n * s->y_sample_bytes());
-        wait_interruptibly(s->start_gather(shared_pool(), std::move(v), x->data(), y->data()));
-        return py::make_tuple(wrap_batch(x, n, s->x_shape(), s->options().out_size), wrap_batch(y, n, s->y_shape(), s->options().out_size));
+        auto [batch, job] = s->start_batch(shared_pool(), int64_vector(ids));
+        wait_interruptibly(job);
+        const std::uint32_t out = s->options().out_size;
+        return py::make_tuple(wrap_batch(batch.x, batch.count, s->x_shape(), out), wrap_batch(batch.y, batch.count, s->y_shape(), out));
       })
       .def("stream", [](const std::shared_ptr<WindowSource>& s, const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& order,
                         std::size_t batch_size, bool drop_remainder, std::size_t prefetch, std::size_t start_batch) {

@@ -20,11 +20,7 @@ namespace npyfeed {
 /// empty batch, count 0).
 class BatchStream {
  public:
-  struct Batch {
-    std::shared_ptr<AlignedBuffer> x;
-    std::shared_ptr<AlignedBuffer> y;
-    std::size_t count = 0;
-  };
+  using Batch = WindowBatch;
   /// Throws InvalidArgument for a batch_size of 0, IndexOutOfRange for an id outside the source.
   BatchStream(std::shared_ptr<WindowSource> source, std::vector<std::int64_t> order, std::size_t batch_size,
               bool drop_remainder, std::size_t prefetch, std::size_t start_batch);

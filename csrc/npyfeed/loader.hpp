@@ -17,7 +17,7 @@ namespace npyfeed {
 
 struct LoadOptions {
   ReadMode mode = ReadMode::kRead;
-  std::size_t threads = 1;
+  std::size_t threads = 1;                 // at least 1
   std::size_t max_header_size = kDefaultMaxHeaderSize;
   bool populate = false;                   // mmap: fault every page in now, in parallel
   std::uint64_t chunk_bytes = 8u << 20;    // files larger than this are split across threads
@@ -37,6 +37,7 @@ struct LoadedArray {
 /// progress) between them: headers (and whole small files), then chunks of large files.
 class ManyLoad {
  public:
+  /// Throws InvalidArgument for threads of 0.
   ManyLoad(std::vector<std::string> paths, LoadOptions options);
   std::shared_ptr<Job> start_headers(ThreadPool& pool);
   std::shared_ptr<Job> start_chunks(ThreadPool& pool);

@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "npyfeed/aligned_buffer.hpp"
 #include "npyfeed/array_reader.hpp"
 #include "npyfeed/gather.hpp"
 #include "npyfeed/index.hpp"
@@ -36,6 +38,14 @@ struct WindowOptions {
   ReadMode mode = ReadMode::kMmap;  // for files (arrays in memory are read in place)
   std::size_t threads = 1;       // gather threads, at least 1 (an O_DIRECT reader keeps more reads in flight per thread)
   std::size_t max_header_size = kDefaultMaxHeaderSize;
+};
+
+/// A batch of `count` samples: x holds count * x_sample_bytes(), y count * y_sample_bytes(); owned and
+/// 64-byte aligned, so a file truncated later can never fault inside a batch someone holds.
+struct WindowBatch {
+  std::shared_ptr<AlignedBuffer> x;
+  std::shared_ptr<AlignedBuffer> y;
+  std::size_t count = 0;
 };
 
 class WindowSource : public std::enable_shared_from_this<WindowSource> {
@@ -70,6 +80,10 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   /// Starts gathering `count` samples (ids into [0, size())) into x and y, which must hold
   /// count * x_sample_bytes() and count * y_sample_bytes(). Throws IndexOutOfRange for a bad id (before starting).
   std::shared_ptr<Job> start_gather(ThreadPool& pool, std::vector<std::int64_t> sample_ids, std::byte* x, std::byte* y);
+  /// Allocates a batch for `sample_ids` (from `buffers` when given) and starts gathering into it; the batch
+  /// is complete once the job finished. Throws IndexOutOfRange for a bad id (before starting).
+  std::pair<WindowBatch, std::shared_ptr<Job>> start_batch(ThreadPool& pool, std::vector<std::int64_t> sample_ids,
+                                                          BufferPool* buffers = nullptr);
 
  private:
   void open_key(std::size_t key, const std::string& factor_path, const std::string& label_path);

@@ -27,12 +27,8 @@ void BatchStream::fill() {
     const std::size_t count = std::min(batch_size_, order_.size() - first);
     std::vector<std::int64_t> ids(order_.begin() + static_cast<std::ptrdiff_t>(first),
                                   order_.begin() + static_cast<std::ptrdiff_t>(first + count));
-    Pending p;
-    p.batch.count = count;
-    p.batch.x = buffers_->acquire(count * source_->x_sample_bytes());
-    p.batch.y = buffers_->acquire(count * source_->y_sample_bytes());
-    p.job = source_->start_gather(shared_pool(), std::move(ids), p.batch.x->data(), p.batch.y->data());
-    pending_.push_back(std::move(p));
+    auto [batch, job] = source_->start_batch(shared_pool(), std::move(ids), buffers_.get());
+    pending_.push_back({std::move(job), std::move(batch)});
     ++next_start_;
   }
 }

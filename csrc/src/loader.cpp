@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "npyfeed/direct_reader.hpp"
+#include "npyfeed/errors.hpp"
 
 namespace npyfeed {
 
@@ -12,6 +13,7 @@ ManyLoad::ManyLoad(std::vector<std::string> paths, LoadOptions options)
       results_(paths_.size()),
       states_(paths_.size()),
       bytes_done_(std::make_shared<std::atomic<std::uint64_t>>(0)) {
+  if (options_.threads < 1) throw InvalidArgument("threads must be at least 1");
   if (options_.chunk_bytes < (1u << 20)) options_.chunk_bytes = 1u << 20;
 }
 

@@ -255,4 +255,17 @@ std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<st
                     [self, gather](std::size_t k) { gather->run_key(k); });
 }
 
+std::pair<WindowBatch, std::shared_ptr<Job>> WindowSource::start_batch(ThreadPool& pool, std::vector<std::int64_t> sample_ids,
+                                                                       BufferPool* buffers) {
+  auto allocate = [&](std::size_t bytes) {
+    return buffers != nullptr ? buffers->acquire(bytes) : std::make_shared<AlignedBuffer>(bytes);
+  };
+  WindowBatch batch;
+  batch.count = sample_ids.size();
+  batch.x = allocate(batch.count * x_sample_bytes());
+  batch.y = allocate(batch.count * y_sample_bytes());
+  auto job = start_gather(pool, std::move(sample_ids), batch.x->data(), batch.y->data());
+  return {std::move(batch), std::move(job)};
+}
+
 }  // namespace npyfeed
