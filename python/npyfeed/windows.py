@@ -112,7 +112,8 @@ class WindowSource:
         factors, labels : mapping of key -> numpy.ndarray
             Arrays are used in place when C-contiguous (otherwise a contiguous copy is made once).
         window, threads, dtype, bounds
-            As for `WindowSource`.
+            As for `WindowSource`. There is no `mode`: the arrays are read in place, and the source's
+            ``mode`` attribute says ``"memory"``.
         """
         window, out_dtype = _check_common(window, dtype, bounds)
         nthreads = resolve_threads(threads)
