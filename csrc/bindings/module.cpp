@@ -63,6 +63,8 @@ py::dtype dtype_of(const NpyHeader& header, const std::string& path) {
   try {
     dtype = py::reinterpret_borrow<py::dtype>(descr_to_dtype(literal_to_python(header.descr)));
   } catch (py::error_already_set& e) {
+    // A Ctrl-C landing while numpy runs (KeyboardInterrupt, a BaseException) is not a bad descr.
+    if (!e.matches(PyExc_Exception)) throw;
     // Only numpy's message, not pybind11's traceback lines.
     throw NpyFormatError(path, 0, "invalid dtype descr: " + py::str(e.value()).cast<std::string>());
   }
@@ -286,17 +288,23 @@ std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::v
   return source;
 }
 
-// A numpy array kept alive from C++: a new reference, dropped with the GIL taken by whichever thread lets
-// go last (a pool worker finishing a gather, perhaps). While the interpreter finalizes the reference is
-// left alone: taking the GIL then could end or block the thread, and the process is ending anyway.
-std::shared_ptr<const void> keep_alive(const py::array& array) {
-  PyObject* object = array.ptr();
-  Py_INCREF(object);
-  return std::shared_ptr<const void>(object, [](const void* p) {
+// A Python object kept alive from C++: a new reference, dropped by whichever thread lets go last. A thread
+// holding the GIL drops it at once; any other thread (a pool worker finishing a gather) never takes the GIL
+// (which could block it, or end it while the interpreter exits) but leaves it to the interpreter's next
+// check (Py_AddPendingCall, callable from any thread). While the interpreter finalizes it is left alone.
+std::shared_ptr<const void> keep_alive(const py::object& object) {
+  PyObject* ref = object.ptr();
+  Py_INCREF(ref);
+  return std::shared_ptr<const void>(ref, [](const void* p) {
+    PyObject* ref = static_cast<PyObject*>(const_cast<void*>(p));
     if (!Py_IsInitialized() || interpreter_finalizing()) return;
-    PyGILState_STATE state = PyGILState_Ensure();
-    Py_DECREF(static_cast<PyObject*>(const_cast<void*>(p)));
-    PyGILState_Release(state);
+    if (PyGILState_Check() != 0) {
+      Py_DECREF(ref);
+      return;
+    }
+    // One call per source (its arrays share one owner): the queue of pending calls is short, and a full one
+    // leaks the arrays rather than block a worker.
+    Py_AddPendingCall([](void* q) { Py_DECREF(static_cast<PyObject*>(q)); return 0; }, ref);
   });
 }
 
@@ -307,13 +315,20 @@ std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, cons
   if (factors.size() != index.keys.size() || labels.size() != index.keys.size()) {
     throw InvalidArgument("one factor and one label array per key are needed");
   }
+  // All the arrays, kept alive together by the memory sources (one reference to drop at the end).
+  py::tuple arrays(2 * index.keys.size());
+  for (std::size_t k = 0; k < index.keys.size(); ++k) {
+    arrays[2 * k] = factors[k];
+    arrays[2 * k + 1] = labels[k];
+  }
+  const std::shared_ptr<const void> owner = keep_alive(arrays);
   for (std::size_t k = 0; k < index.keys.size(); ++k) {
     for (int which = 0; which < 2; ++which) {
       const py::array& a = which == 0 ? factors[k] : labels[k];
       if (!(a.flags() & py::array::c_style)) throw InvalidArgument("arrays must be C-contiguous (the caller makes them so)");
       std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
       std::string typestr = a.dtype().attr("str").cast<std::string>();
-      source->set_memory_source(k, which == 1, keep_alive(a), static_cast<const std::byte*>(a.data()), shape, typestr);
+      source->set_memory_source(k, which == 1, owner, static_cast<const std::byte*>(a.data()), shape, typestr);
     }
   }
   source->finish_open();
