@@ -906,6 +906,30 @@ def test_from_arrays_with_load_factor_files(small):
             assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
 
 
+def test_from_arrays_keeps_its_arrays_alive_until_the_source_is_gone(small):
+    """The core holds the arrays itself (not a Python attribute): an iterator outliving every other reference
+    still reads them, and they are freed once the source and its iterators are gone."""
+    import weakref
+
+    factors = {k: v.copy() for k, v in small.factors.items()}
+    labels = {k: v.copy() for k, v in small.labels.items()}
+    refs = [weakref.ref(a) for a in (*factors.values(), *labels.values())]
+    src = npyfeed.WindowSource.from_arrays(small.index, factors, labels, small.window, threads=THREADS)
+    it = src.batches(len(small.entries))
+    del factors, labels, src
+    gc.collect()
+    assert all(r() is not None for r in refs)
+    x, y = next(it)
+    assert_batch((x, y), reference(small, small.entries, "float32"))
+    it.close()
+    del it
+    deadline = time.monotonic() + 5  # a pool worker may hold the finished read-ahead for a moment
+    while any(r() is not None for r in refs) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert all(r() is None for r in refs)
+
+
 def test_from_arrays_with_tuples_and_odd_arrays(small):
     entries = [(np.int64(fi), int(li), key) for fi, li, key in small.entries]
     # Non-contiguous and Fortran-order arrays are accepted (copied once to C order).

@@ -9,6 +9,8 @@
 #include <optional>
 #include <type_traits>
 
+#include "npyfeed/batch_stream.hpp"
+#include "npyfeed/epoch_order.hpp"
 #include "npyfeed/errors.hpp"
 #include "npyfeed/index.hpp"
 #include "npyfeed/loader.hpp"
@@ -62,6 +64,8 @@ py::dtype dtype_of(const NpyHeader& header, const std::string& path) {
   try {
     dtype = py::reinterpret_borrow<py::dtype>(descr_to_dtype(literal_to_python(header.descr)));
   } catch (py::error_already_set& e) {
+    // A Ctrl-C landing while numpy runs (KeyboardInterrupt, a BaseException) is not a bad descr.
+    if (!e.matches(PyExc_Exception)) throw;
     // Only numpy's message, not pybind11's traceback lines.
     throw NpyFormatError(path, header.descr.position, "invalid dtype descr: " + py::str(e.value()).cast<std::string>());
   }
@@ -111,8 +115,8 @@ py::array wrap_array(const LoadedArray& loaded) {
     }
   }
   // The capsule holds a shared_ptr to the buffer or mapping: the array's `.base` keeps it alive.
-  auto* owner = new std::shared_ptr<void>(loaded.owner);
-  py::capsule base(owner, [](void* p) { delete static_cast<std::shared_ptr<void>*>(p); });
+  auto* owner = new std::shared_ptr<const void>(loaded.owner);
+  py::capsule base(owner, [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); });
   static const std::byte kEmpty[64] = {};
   const void* data = loaded.data != nullptr ? static_cast<const void*>(loaded.data) : kEmpty;
   // Zero-size items have all-zero strides, from which numpy calls an array both C and F contiguous. np.load
@@ -122,9 +126,7 @@ py::array wrap_array(const LoadedArray& loaded) {
   py::array array = flat_then_reshape
                         ? py::array(dtype, std::vector<py::ssize_t>{static_cast<py::ssize_t>(h.count)}, {0}, data, base)
                         : py::array(dtype, shape, strides, data, base);
-  if (!loaded.writable || data == kEmpty) {
-    py::detail::array_proxy(array.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
-  }
+  if (!loaded.writable || data == kEmpty) array.attr("setflags")(py::arg("write") = false);
   if (flat_then_reshape) return array.attr("reshape")(py::cast(shape));
   return array;
 }
@@ -213,7 +215,7 @@ py::list load_many(const std::vector<std::string>& paths, const std::string& mod
                    std::size_t max_header_size, bool populate, const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
   LoadOptions options;
   options.mode = parse_read_mode(mode);
-  options.threads = std::max<std::size_t>(threads, 1);
+  options.threads = threads;
   options.max_header_size = max_header_size;
   options.populate = populate;
   ManyLoad load(paths, options);
@@ -271,17 +273,14 @@ std::vector<std::int64_t> int64_vector(const py::array_t<std::int64_t, py::array
 }
 
 WindowOptions window_options(std::int64_t window, const std::string& dtype, const std::string& bounds, const std::string& mode,
-                             std::size_t threads, std::size_t max_header_size, bool memory) {
+                             std::size_t threads, std::size_t max_header_size) {
   WindowOptions o;
   o.window = window;
-  if (dtype == "float32") o.out_size = 4;
-  else if (dtype == "float64") o.out_size = 8;
-  else throw InvalidArgument("dtype must be float32 or float64, not '" + dtype + "'");
+  o.out_size = parse_out_dtype(dtype);
   o.bounds = parse_bounds(bounds);
-  o.mode = memory ? ReadMode::kMmap : parse_read_mode(mode);
-  o.threads = std::max<std::size_t>(threads, 1);
+  o.mode = parse_read_mode(mode);
+  o.threads = threads;
   o.max_header_size = max_header_size;
-  o.memory = memory;
   return o;
 }
 
@@ -332,26 +331,53 @@ std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::v
                                                 const std::vector<std::string>& label_paths, std::int64_t window,
                                                 const std::string& dtype, const std::string& bounds, const std::string& mode,
                                                 std::size_t threads, std::size_t max_header_size) {
-  auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size, false));
+  auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size));
   wait_interruptibly(without_gil([&] { return source->start_open(shared_pool(), factor_paths, label_paths); }));
   without_gil([&] { source->finish_open(); });
   return source;
 }
 
+// A Python object kept alive from C++: a new reference, dropped by whichever thread lets go last. A thread
+// holding the GIL drops it at once; any other thread (a pool worker finishing a gather) never takes the GIL
+// (which could block it, or end it while the interpreter exits) but leaves it to the interpreter's next
+// check (Py_AddPendingCall, callable from any thread). While the interpreter finalizes it is left alone.
+std::shared_ptr<const void> keep_alive(const py::object& object) {
+  PyObject* ref = object.ptr();
+  Py_INCREF(ref);
+  return std::shared_ptr<const void>(ref, [](const void* p) {
+    PyObject* ref = static_cast<PyObject*>(const_cast<void*>(p));
+    if (!Py_IsInitialized() || interpreter_finalizing()) return;
+    if (PyGILState_Check() != 0) {
+      Py_DECREF(ref);
+      return;
+    }
+    // One call per source (its arrays share one owner): the queue of pending calls is short, and a full one
+    // leaks the arrays rather than block a worker.
+    Py_AddPendingCall([](void* q) { Py_DECREF(static_cast<PyObject*>(q)); return 0; }, ref);
+  });
+}
+
 std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, const std::vector<py::array>& factors,
                                                         const std::vector<py::array>& labels, std::int64_t window,
                                                         const std::string& dtype, const std::string& bounds, std::size_t threads) {
-  auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, "mmap", threads, kDefaultMaxHeaderSize, true));
+  auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, "mmap", threads, kDefaultMaxHeaderSize));
   if (factors.size() != index.keys.size() || labels.size() != index.keys.size()) {
     throw InvalidArgument("one factor and one label array per key are needed");
   }
+  // All the arrays, kept alive together by the memory sources (one reference to drop at the end).
+  py::tuple arrays(2 * index.keys.size());
+  for (std::size_t k = 0; k < index.keys.size(); ++k) {
+    arrays[2 * k] = factors[k];
+    arrays[2 * k + 1] = labels[k];
+  }
+  const std::shared_ptr<const void> owner = keep_alive(arrays);
   for (std::size_t k = 0; k < index.keys.size(); ++k) {
     for (int which = 0; which < 2; ++which) {
       const py::array& a = which == 0 ? factors[k] : labels[k];
       if (!(a.flags() & py::array::c_style)) throw InvalidArgument("arrays must be C-contiguous (the caller makes them so)");
       std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
       std::string typestr = a.dtype().attr("str").cast<std::string>();
-      source->set_memory_source(k, which == 1, static_cast<const std::byte*>(a.data()), shape, typestr);
+      source->set_memory_source(k, which == 1, owner, static_cast<const std::byte*>(a.data()), shape, typestr);
     }
   }
   source->finish_open();
@@ -389,8 +415,6 @@ PYBIND11_MODULE(_core, m) {
     }
   });
 
-  m.def("available_cpus", &available_cpus, "CPUs this process may run on.");
-
   m.def(
       "read_header",
       [](const std::string& path, std::size_t max_header_size) {
@@ -418,14 +442,7 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<SampleIndex>(m, "SampleIndex")
       .def("__len__", &SampleIndex::size)
-      .def_property_readonly("keys", [](const SampleIndex& i) { return i.keys; })
-      .def_property_readonly("feature_index", [](const SampleIndex& i) { return py::array_t<std::int64_t>(i.feature_index.size(), i.feature_index.data()); })
-      .def_property_readonly("label_index", [](const SampleIndex& i) { return py::array_t<std::int64_t>(i.label_index.size(), i.label_index.data()); })
-      .def_property_readonly("key_id", [](const SampleIndex& i) {
-        py::array_t<std::int64_t> out(i.key_id.size());
-        std::copy(i.key_id.begin(), i.key_id.end(), out.mutable_data());
-        return out;
-      });
+      .def_property_readonly("keys", [](const SampleIndex& i) { return i.keys; });
 
   m.def(
       "read_index_files",
@@ -458,19 +475,14 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("y_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.y_shape())); })
       .def("describe", &WindowSource::describe)
       .def("get", [](const std::shared_ptr<WindowSource>& s, const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& ids) {
-        std::vector<std::int64_t> v = int64_vector(ids);
-        const std::size_t n = v.size();
-        auto x = std::make_shared<AlignedBuffer>(n * s->x_sample_bytes());
-        auto y = std::make_shared<AlignedBuffer>(n * s->y_sample_bytes());
-        wait_interruptibly(s->start_gather(shared_pool(), std::move(v), x->data(), y->data()));
-        return py::make_tuple(wrap_batch(x, n, s->x_shape(), s->options().out_size), wrap_batch(y, n, s->y_shape(), s->options().out_size));
+        auto [batch, job] = s->start_batch(shared_pool(), int64_vector(ids));
+        wait_interruptibly(job);
+        const std::uint32_t out = s->options().out_size;
+        return py::make_tuple(wrap_batch(batch.x, batch.count, s->x_shape(), out), wrap_batch(batch.y, batch.count, s->y_shape(), out));
       })
       .def("stream", [](const std::shared_ptr<WindowSource>& s, const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& order,
                         std::size_t batch_size, bool drop_remainder, std::size_t prefetch, std::size_t start_batch) {
         std::vector<std::int64_t> v = int64_vector(order);
-        for (std::int64_t id : v) {
-          if (id < 0 || static_cast<std::size_t>(id) >= s->size()) throw IndexOutOfRange("sample id " + std::to_string(id) + " out of range");
-        }
         return std::make_unique<PyBatchStream>(s, std::move(v), batch_size, drop_remainder, prefetch, start_batch);
       });
 
@@ -484,10 +496,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("window_source_from_arrays", &window_source_from_arrays, py::arg("index"), py::arg("factors"), py::arg("labels"),
         py::arg("window"), py::arg("dtype"), py::arg("bounds"), py::arg("threads"));
   m.def(
-      "epoch_permutation",
-      [](std::size_t n, std::uint64_t seed, std::uint64_t epoch) {
-        std::vector<std::int64_t> order = without_gil([&] { return epoch_permutation(n, seed, epoch); });
+      "epoch_order",
+      [](std::size_t n, bool shuffle, std::uint64_t seed, std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index) {
+        std::vector<std::int64_t> order =
+            without_gil([&] { return epoch_order(n, shuffle, seed, epoch, num_shards, shard_index); });
         return py::array_t<std::int64_t>(order.size(), order.data());
       },
-      py::arg("n"), py::arg("seed"), py::arg("epoch"));
+      py::arg("n"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("num_shards"), py::arg("shard_index"));
 }

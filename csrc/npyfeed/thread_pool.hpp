@@ -27,7 +27,6 @@ class Job {
   /// Stops handing out new items; items already running finish.
   void cancel() noexcept { cancelled_.store(true, std::memory_order_relaxed); }
   bool cancelled() const noexcept { return cancelled_.load(std::memory_order_relaxed); }
-  bool done();
   /// Rethrows the first failure, if any.
   void rethrow_if_failed();
   /// Items finished so far (for progress).

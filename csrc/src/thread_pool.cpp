@@ -38,12 +38,6 @@ void Job::run_items() {
   if (--runners_left_ == 0) finished_.notify_all();
 }
 
-bool Job::done() {
-  throw_if_orphaned();
-  std::lock_guard lock(mutex_);
-  return runners_left_ == 0;
-}
-
 bool Job::wait_for(std::chrono::milliseconds timeout) {
   throw_if_orphaned();
   std::unique_lock lock(mutex_);

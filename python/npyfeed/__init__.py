@@ -1,11 +1,17 @@
 """npyfeed: fast, safe feeding of NumPy `.npy` files into training."""
 
+from importlib.metadata import PackageNotFoundError, version
+
 from ._core import NpyFormatError
 from .loading import MODES, Header, load, load_factor_files, load_many, read_header
 from .warm import DirectoryResidency, WarmReport, warm
 from .windows import BOUNDS, BatchIterator, WindowSource
 
-__version__ = "0.1.0"
+try:
+    __version__ = version("npyfeed")  # the one place it is written is pyproject.toml
+except PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0+unknown"
+del PackageNotFoundError, version
 
 
 def __getattr__(name):

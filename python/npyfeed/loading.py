@@ -16,7 +16,7 @@ __all__ = ["Header", "read_header", "load", "load_many", "load_factor_files", "M
 
 log = logging.getLogger("npyfeed")
 
-#: The read modes. "auto" resolves to "read" for whole-file loads (see the README).
+#: The read modes. "auto" means "read" for whole-file loads and "mmap" for `WindowSource` (see the README).
 MODES = ("auto", "mmap", "read", "direct")
 
 PathLike = "str | os.PathLike[str]"
@@ -65,10 +65,11 @@ def _native(path: str) -> bytes:
     return os.fsencode(path)
 
 
-def _check_mode(mode: str) -> str:
+def _resolve_mode(mode: str, auto: str) -> str:
+    """The one check of `mode` (the core checks it again only as a library); "auto" becomes `auto`."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    return "read" if mode == "auto" else mode
+    return auto if mode == "auto" else mode
 
 
 def read_header(path, *, max_header_size: int = 10000) -> Header:
@@ -102,7 +103,8 @@ def load(path, *, mode: str = "auto", threads: int | None = None, populate: bool
     ----------
     path : str or os.PathLike
     mode : {"auto", "mmap", "read", "direct"}
-        How to read it (see the README). ``"mmap"`` returns a read-only zero-copy view.
+        How to read it (see the README). ``"auto"`` (the default) is ``"read"``: an owned, writable array like
+        ``np.load``'s. ``"mmap"`` returns a read-only zero-copy view.
     threads : int, optional
         Threads for a large file (default: ``NPYFEED_THREADS`` or the CPUs this process may use).
     populate : bool
@@ -125,6 +127,7 @@ def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None
     ----------
     paths : iterable of str or os.PathLike
     mode : {"auto", "mmap", "read", "direct"}
+        As in `load`; ``"auto"`` (the default) is ``"read"``.
     threads : int, optional
     progress : bool
         Show a tqdm progress bar in bytes.
@@ -143,7 +146,7 @@ def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None
         For the first file that fails; the message names it. Nothing is returned then.
     """
     paths = [_fspath(p) for p in paths]
-    core_mode = _check_mode(mode)
+    core_mode = _resolve_mode(mode, auto="read")
     nthreads = resolve_threads(threads)
     bar = _progress_bar(progress, len(paths))
     try:

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _core
 from ._threads import resolve_threads
-from .loading import _check_mode, _fspath, _native
+from .loading import _fspath, _native, _resolve_mode
 
 __all__ = ["WindowSource", "BatchIterator", "BOUNDS"]
 
@@ -32,14 +32,18 @@ def _index_paths(index_files) -> list:
 
 
 def _check_common(window, dtype, bounds):
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+    # Only what the core cannot say: the types. The values (window >= 1, float32/float64, the bounds
+    # policy) are checked once, by the C++ WindowSource, and raise ValueError from there.
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
         raise ValueError(f"window must be a positive integer, got {window!r}")
-    dtype = np.dtype(dtype)
-    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-    if bounds not in BOUNDS:
+    if not isinstance(bounds, str):
         raise ValueError(f"bounds must be one of {BOUNDS}, got {bounds!r}")
-    return int(window), dtype
+    return int(window), np.dtype(dtype)
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    # "float32"/"float64" for native dtypes; anything else by its full text (">f4"), which the core refuses.
+    return dtype.name if dtype.isnative else dtype.str
 
 
 class WindowSource:
@@ -55,10 +59,13 @@ class WindowSource:
     window : int
         Rows per sample, W.
     mode : {"auto", "mmap", "read", "direct"}
-        How the gather reads the files. ``"auto"`` is ``"mmap"``: zero-copy from the page cache, which all
-        processes on the machine share. ``"read"`` and ``"direct"`` read only the rows a batch needs.
+        How the gather reads the files. ``"auto"`` (the default) is ``"mmap"`` here (for whole-file loads it
+        is ``"read"``): zero-copy from the page cache, which all processes on the machine share. ``"read"``
+        and ``"direct"`` read only the rows a batch needs.
     threads : int, optional
-        Gather threads (default ``NPYFEED_THREADS`` or the CPUs this process may use).
+        Gather threads (default ``NPYFEED_THREADS`` or the CPUs this process may use). With
+        ``mode="direct"`` each thread keeps 4 reads in flight (4 x `threads` pool workers), since O_DIRECT
+        workers mostly wait for the device.
     dtype : {"float32", "float64"}
         Output element type; sources of any bool/int/float16/32/64 type are converted on the way.
     bounds : {"error", "skip", "pad"}
@@ -83,16 +90,17 @@ class WindowSource:
     def __init__(self, index_files, factor_dir, label_dir, window: int, *, mode: str = "auto",
                  threads: int | None = None, dtype="float32", bounds: str = "error", max_header_size: int = 10000):
         window, out_dtype = _check_common(window, dtype, bounds)
-        core_mode = "mmap" if mode == "auto" else _check_mode(mode)
+        core_mode = _resolve_mode(mode, auto="mmap")
         nthreads = resolve_threads(threads)
         index = _core.read_index_files([_native(p) for p in _index_paths(index_files)])
         factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
         keys = index.keys
         factor_paths = [os.path.join(factor_dir, k + ".npy") for k in keys]
         label_paths = [os.path.join(label_dir, k + ".npy") for k in keys]
-        core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, out_dtype.name, bounds, core_mode,
+        core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, _dtype_name(out_dtype), bounds, core_mode,
                                        nthreads, max_header_size)
-        self._init(core, index, window, out_dtype, core_mode, nthreads, arrays=None)
+        self._init(core, index, window, out_dtype, core_mode, nthreads)
+        self._files = tuple(factor_paths + label_paths)
 
     @classmethod
     def from_arrays(cls, index, factors: Mapping, labels: Mapping, window: int, *, threads: int | None = None,
@@ -105,7 +113,8 @@ class WindowSource:
         factors, labels : mapping of key -> numpy.ndarray
             Arrays are used in place when C-contiguous (otherwise a contiguous copy is made once).
         window, threads, dtype, bounds
-            As for `WindowSource`.
+            As for `WindowSource`. There is no `mode`: the arrays are read in place, and the source's
+            ``mode`` attribute says ``"memory"``.
         """
         window, out_dtype = _check_common(window, dtype, bounds)
         nthreads = resolve_threads(threads)
@@ -122,17 +131,17 @@ class WindowSource:
                            + (", ..." if len(missing) > 5 else ""))
         factor_arrays = [np.ascontiguousarray(factors[k]) for k in keys]
         label_arrays = [np.ascontiguousarray(labels[k]) for k in keys]
-        core = _core.window_source_from_arrays(core_index, factor_arrays, label_arrays, window, out_dtype.name,
-                                               bounds, nthreads)
+        # The core reads these arrays in place and keeps them alive itself, as long as it needs them.
+        core = _core.window_source_from_arrays(core_index, factor_arrays, label_arrays, window,
+                                               _dtype_name(out_dtype), bounds, nthreads)
         self = cls.__new__(cls)
-        # The core reads these arrays in place: keep them alive as long as the source (and its iterators).
-        self._init(core, core_index, window, out_dtype, "memory", nthreads, arrays=(factor_arrays, label_arrays))
+        self._init(core, core_index, window, out_dtype, "memory", nthreads)
         return self
 
-    def _init(self, core, index, window, dtype, mode, threads, arrays):
+    def _init(self, core, index, window, dtype, mode, threads):
         self._core = core
         self._index = index
-        self._arrays = arrays
+        self._files = ()
         self.window = window
         self.dtype = dtype
         self.mode = mode
@@ -141,6 +150,11 @@ class WindowSource:
     # -- description ---------------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self._core)
+
+    @property
+    def files(self) -> tuple:
+        """The factor files, then the label files, one per key in `keys` order (empty for `from_arrays`)."""
+        return self._files
 
     @property
     def keys(self) -> list:
@@ -196,12 +210,11 @@ class WindowSource:
         ``i``, so shards are disjoint and together cover the epoch exactly once.
         """
         _check_shards(num_shards, shard_index)
-        n = len(self)
         if shuffle:
-            order = _core.epoch_permutation(n, _as_u64(seed, "seed"), _as_u64(epoch, "epoch"))
+            seed, epoch = _as_u64(seed, "seed"), _as_u64(epoch, "epoch")
         else:
-            order = np.arange(n, dtype=np.int64)
-        return order[shard_index::num_shards]
+            seed, epoch = 0, 0  # not used: any value is accepted, as before
+        return _core.epoch_order(len(self), bool(shuffle), seed, epoch, int(num_shards), int(shard_index))
 
     def num_batches(self, batch_size: int, *, num_shards: int = 1, shard_index: int = 0,
                     drop_remainder: bool = False) -> int:
@@ -251,7 +264,7 @@ class BatchIterator(Iterator):
     """Iterator over ``(x, y)`` batches; ``close()`` (or leaving a ``with`` block) cancels the read-ahead."""
 
     def __init__(self, source: WindowSource, stream, remaining: int):
-        self._source = source  # keeps in-memory arrays alive while batches are gathered
+        self._source = source
         self._stream = stream
         self._remaining = remaining
 

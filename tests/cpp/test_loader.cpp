@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "npy_writer.hpp"
 #include "npyfeed/aligned_buffer.hpp"
 #include "npyfeed/direct_reader.hpp"
 #include "npyfeed/errors.hpp"
@@ -31,58 +32,15 @@ namespace {
 
 constexpr std::uint64_t kMiB = 1u << 20;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "npyfeed-cpp-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
-
-// Deterministic bytes (a seeded LCG), different per seed.
-std::vector<std::byte> pattern(std::size_t n, std::uint64_t seed) {
-  std::vector<std::byte> out(n);
-  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& b : out) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    b = static_cast<std::byte>(x >> 56);
-  }
-  return out;
-}
+using npyfeed::test::pattern;
+using npyfeed::test::TempDir;
 
 std::string header_text(const std::string& descr, const std::string& shape, bool fortran, int major, std::size_t align) {
-  std::string dict = "{'descr': '" + descr + "', 'fortran_order': " + (fortran ? "True" : "False") + ", 'shape': " + shape + ", }";
-  std::size_t pre = major == 1 ? 10 : 12;
-  while ((pre + dict.size() + 1) % align != 0) dict += ' ';
-  dict += '\n';
-  std::string out = "\x93NUMPY";
-  out += static_cast<char>(major);
-  out += '\0';
-  std::size_t n = dict.size();
-  out += static_cast<char>(n & 0xff);
-  out += static_cast<char>((n >> 8) & 0xff);
-  if (major != 1) {
-    out += static_cast<char>((n >> 16) & 0xff);
-    out += static_cast<char>((n >> 24) & 0xff);
-  }
-  return out + dict;
+  return npyfeed::test::npy_header(descr, shape, fortran, major, align);
 }
 
 void write_bytes(const std::string& path, const std::string& head, const std::vector<std::byte>& data) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) throw std::runtime_error("cannot write " + path);
-  std::fwrite(head.data(), 1, head.size(), f);
-  if (!data.empty()) std::fwrite(data.data(), 1, data.size(), f);
-  std::fclose(f);
+  npyfeed::test::write_file(path, head, data);
 }
 
 struct NpyFile {

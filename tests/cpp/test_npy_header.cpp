@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "npy_writer.hpp"
 #include "npyfeed/errors.hpp"
 #include "npyfeed/npy_header.hpp"
 
@@ -25,33 +26,12 @@ Bytes bytes_of(const std::string& s) {
   return b;
 }
 
-std::string preamble(int major, int minor, std::uint64_t text_len) {
-  std::string p = "\x93NUMPY";
-  p += static_cast<char>(major);
-  p += static_cast<char>(minor);
-  p += static_cast<char>(text_len & 0xff);
-  p += static_cast<char>((text_len >> 8) & 0xff);
-  if (major != 1) {
-    p += static_cast<char>((text_len >> 16) & 0xff);
-    p += static_cast<char>((text_len >> 24) & 0xff);
-  }
-  return p;
-}
-
-// A header as numpy writes it: the dict, spaces, '\n', so that the data starts at a multiple of `align`.
-std::string npy_text(const std::string& dict, int major = 1, std::size_t align = 64) {
-  std::size_t pre = major == 1 ? 10 : 12;
-  std::string text = dict;
-  while ((pre + text.size() + 1) % align != 0) text += ' ';
-  text += '\n';
-  return preamble(major, 0, text.size()) + text;
-}
+using npyfeed::test::npy_text;
+using npyfeed::test::preamble;
 
 Bytes npy(const std::string& dict, int major = 1, std::size_t align = 64) { return bytes_of(npy_text(dict, major, align)); }
 
-std::string dict_of(const std::string& descr, const std::string& shape, const std::string& fortran = "False") {
-  return "{'descr': " + descr + ", 'fortran_order': " + fortran + ", 'shape': " + shape + ", }";
-}
+using npyfeed::test::dict_of;
 
 NpyHeader parse(const Bytes& b, std::size_t cap = kDefaultMaxHeaderSize) { return parse_npy_header(b, cap); }
 

@@ -123,7 +123,7 @@ TEST_CASE("with one worker, the first exception stops the job at once") {
   if (e) CHECK_EQ(std::string(e->what()), std::string("boom 5"));
   CHECK_EQ(ran.load(), 6);
   CHECK(job->cancelled());
-  CHECK(job->done());
+  CHECK(job->wait_for(std::chrono::milliseconds(0)));
   // The error stays: waiting again rethrows the same one.
   auto again = CHECK_THROWS(std::runtime_error, job->wait());
   if (again) CHECK_EQ(std::string(again->what()), std::string("boom 5"));
@@ -160,7 +160,7 @@ TEST_CASE("cancel stops handing out items; running ones finish") {
     finished.fetch_add(1);
   });
   gate.wait_for_arrivals(3);
-  CHECK(!job->done());
+  CHECK(!job->wait_for(std::chrono::milliseconds(0)));
   job->cancel();
   gate.open();
   CHECK_THROWS(Cancelled, job->wait());
@@ -180,11 +180,11 @@ TEST_CASE("wait_for reports whether the job finished") {
   auto job = pool.start(2, 2, [&](std::size_t) { gate.arrive_and_wait(); });
   gate.wait_for_arrivals(2);
   CHECK(!job->wait_for(1ms));  // both items are held at the gate
-  CHECK(!job->done());
+  CHECK(!job->wait_for(std::chrono::milliseconds(0)));
   gate.open();
   while (!job->wait_for(10min)) {
   }
-  CHECK(job->done());
+  CHECK(job->wait_for(std::chrono::milliseconds(0)));
   CHECK_EQ(job->items_done(), 2u);
   // wait_for does not rethrow; rethrow_if_failed does.
   auto failing = pool.start(1, 1, [](std::size_t) { throw std::runtime_error("late"); });
@@ -219,7 +219,7 @@ TEST_CASE("a job of 0 items is finished at once") {
   ThreadPool pool(2);
   std::atomic<int> calls{0};
   auto job = pool.start(0, 4, [&](std::size_t) { calls.fetch_add(1); });
-  CHECK(job->done());
+  CHECK(job->wait_for(std::chrono::milliseconds(0)));
   CHECK(job->wait_for(0ms));
   job->wait();
   CHECK_EQ(calls.load(), 0);

@@ -1,0 +1,123 @@
+// How one array's bytes are read. Every read-mode policy lives here and only here: which descriptor
+// (plain or O_DIRECT) serves a read, the O_DIRECT alignment, the fallback to buffered reads where the
+// filesystem refuses O_DIRECT, reopening a file (and refusing one replaced since it was opened), the
+// mapping, small files read whole. Callers (the whole-file loader, the window gather) ask a reader to
+// read; they never branch on the mode.
+//
+// One subclass per way of reading (in array_reader.cpp): memory (owned elsewhere, or a file read whole),
+// a shared mapping, pread, O_DIRECT. A new way (a bounded-mapping cache, a streaming reader, a member of a
+// `.npz`) is one new subclass and one line in `ArrayReader::open`.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "npyfeed/aligned_buffer.hpp"
+#include "npyfeed/file.hpp"
+#include "npyfeed/npy_header.hpp"
+
+namespace npyfeed {
+
+enum class ReadMode {
+  kMmap,    // zero-copy view of a shared read-only mapping
+  kRead,    // pread into owned memory
+  kDirect,  // O_DIRECT reads into owned memory (buffered reads where the filesystem refuses O_DIRECT)
+};
+
+/// Parses "mmap" / "read" / "direct". Throws InvalidArgument.
+ReadMode parse_read_mode(const std::string& name);
+
+/// Reads the header of one file and checks the file holds the data it announces.
+/// Throws NpyFormatError (naming the file), OsError.
+NpyHeader read_header(const File& file, std::size_t max_header_size);
+
+struct ReaderOptions {
+  ReadMode mode = ReadMode::kRead;
+  std::size_t max_header_size = kDefaultMaxHeaderSize;
+  /// Keep the descriptor open between reads; else every read opens the file again (checking it is the
+  /// same file). Mappings never keep one.
+  bool keep_open = true;
+  /// read/direct: a file of at most this many bytes (header included) is read whole at open, with one
+  /// read, and served from memory afterwards.
+  std::uint64_t read_whole_up_to = 0;
+};
+
+/// One opened array: its header and its data bytes, addressed from the first data byte (offset 0).
+/// Reads are thread-safe. Every error names the file.
+class ArrayReader {
+ public:
+  /// Opens `path` and reads its header. Throws OsError (ENOENT, EACCES, ...), NpyFormatError.
+  static std::shared_ptr<ArrayReader> open(const std::string& path, const ReaderOptions& options);
+  /// An array in memory: `data` holds header.nbytes bytes and stays valid while this reader (or anyone
+  /// holding view_owner()) lives. `name` is used in messages.
+  static std::shared_ptr<ArrayReader> in_memory(std::string name, NpyHeader header, std::shared_ptr<const void> owner,
+                                                const std::byte* data, bool writable);
+
+  virtual ~ArrayReader() = default;
+  ArrayReader(const ArrayReader&) = delete;
+  ArrayReader& operator=(const ArrayReader&) = delete;
+
+  const std::string& name() const noexcept { return name_; }
+  const NpyHeader& header() const noexcept { return header_; }
+
+  /// The data in memory (a mapping or a buffer), or null when reads go to the file.
+  const std::byte* view() const noexcept { return view_; }
+  /// Keeps view() valid: hand it to whoever keeps the pointer.
+  const std::shared_ptr<const void>& view_owner() const noexcept { return owner_; }
+  /// Whether view() may be written (an owned buffer; a mapping is read-only).
+  bool view_writable() const noexcept { return writable_; }
+
+  /// Copies data bytes [offset, offset + length) to `dest` (any alignment) with buffered reads.
+  /// Throws OsError, NpyFormatError (the file ended early).
+  virtual void read(std::uint64_t offset, std::uint64_t length, std::byte* dest) const;
+  /// `count` pieces of `length` bytes at offset, offset + stride, ... copied one after another to `dest`
+  /// (the columns of a Fortran-order array), opening the file at most once.
+  virtual void read_strided(std::uint64_t offset, std::uint64_t length, std::uint64_t stride, std::uint64_t count,
+                            std::byte* dest) const;
+  /// Data bytes [offset, offset + length): inside view(), or read into this thread's scratch buffer, which
+  /// the next fetch on the same thread reuses.
+  virtual const std::byte* fetch(std::uint64_t offset, std::uint64_t length) const;
+  /// True where read() lands the bytes in the destination with no staging copy (pread): the gather then
+  /// reads a window that needs no conversion straight into the batch.
+  virtual bool reads_in_place() const noexcept { return false; }
+
+  /// Owned memory for all the data, laid out so that fill() reads straight into it (64-byte aligned at
+  /// least; for O_DIRECT, placed where an aligned read lands the data). Throws std::bad_alloc.
+  struct Destination {
+    std::shared_ptr<AlignedBuffer> buffer;
+    std::byte* data = nullptr;  // where data byte 0 goes
+  };
+  virtual Destination allocate() const;
+  /// Reads data bytes [offset, offset + length) to `dest.data + offset` (dest from allocate()).
+  /// Ranges filled concurrently must not share a block of fill_alignment() bytes.
+  virtual void fill(const Destination& dest, std::uint64_t offset, std::uint64_t length) const;
+  /// Block size that fill() ranges should be split on (file offsets): the O_DIRECT alignment, else 1.
+  virtual std::size_t fill_alignment() const noexcept { return 1; }
+
+  /// Faults data bytes [offset, offset + length) of a mapping in now. A no-op for other readers.
+  /// Throws NpyFormatError where the file shrank below the range.
+  virtual void populate(std::uint64_t offset, std::uint64_t length) const;
+  /// Asks the kernel to read data bytes [offset, offset + length) ahead, in the background. Advisory.
+  virtual void will_need(std::uint64_t offset, std::uint64_t length) const;
+  /// Whether data byte `offset` is in the page cache; true when unknown or when reads bypass the cache.
+  virtual bool probably_cached(std::uint64_t offset) const;
+  /// Reads in flight that one worker thread should keep: O_DIRECT waits on the device, so more workers
+  /// keep its queue deep (the page-cache readers get that depth from will_need() instead).
+  virtual std::size_t reads_in_flight_per_thread() const noexcept { return 1; }
+  /// True once the filesystem refused O_DIRECT and buffered reads were used instead.
+  bool fell_back() const noexcept { return fell_back_.load(std::memory_order_relaxed); }
+
+ protected:
+  ArrayReader(std::string name, NpyHeader header) : name_(std::move(name)), header_(std::move(header)) {}
+  std::string name_;
+  NpyHeader header_;
+  const std::byte* view_ = nullptr;
+  std::shared_ptr<const void> owner_;
+  bool writable_ = false;
+  mutable std::atomic<bool> fell_back_{false};
+};
+
+}  // namespace npyfeed

@@ -1,0 +1,54 @@
+// Read-ahead over a fixed order of samples: batch gathers started ahead on the thread pool, into buffers
+// recycled only when nobody holds a batch any more.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "npyfeed/aligned_buffer.hpp"
+#include "npyfeed/thread_pool.hpp"
+#include "npyfeed/window_source.hpp"
+
+namespace npyfeed {
+
+/// Read-ahead over a fixed sample order: keeps up to `prefetch` batch gathers in flight on the pool.
+/// Thread-safe: close() may come from another thread while one waits for a batch (take() then returns an
+/// empty batch, count 0).
+class BatchStream {
+ public:
+  using Batch = WindowBatch;
+  /// Throws InvalidArgument for a batch_size of 0, IndexOutOfRange for an id outside the source.
+  BatchStream(std::shared_ptr<WindowSource> source, std::vector<std::int64_t> order, std::size_t batch_size,
+              bool drop_remainder, std::size_t prefetch, std::size_t start_batch);
+  ~BatchStream();
+  std::size_t num_batches() const noexcept { return num_batches_; }
+  /// The job for the next batch, starting it (and the read-ahead) if needed; null at the end.
+  std::shared_ptr<Job> next_job();
+  /// Takes the finished next batch (after next_job()'s job finished). Rethrows its error.
+  Batch take();
+  /// Cancels and waits for all in-flight gathers. Idempotent.
+  void close();
+
+ private:
+  struct Pending {
+    std::shared_ptr<Job> job;
+    Batch batch;
+  };
+  void fill();
+  std::shared_ptr<WindowSource> source_;
+  std::vector<std::int64_t> order_;
+  std::size_t batch_size_;
+  std::size_t prefetch_;
+  std::size_t num_batches_;
+  std::size_t next_start_;  // next batch number to start
+  std::deque<Pending> pending_;
+  std::shared_ptr<BufferPool> buffers_;
+  std::mutex mutex_;
+  bool closed_ = false;
+};
+
+}  // namespace npyfeed

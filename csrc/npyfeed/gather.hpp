@@ -1,0 +1,95 @@
+// The gather: one batch of window samples copied from per-key arrays into contiguous (B, W, ...) and
+// (B, ...) buffers, converting the element type on the way. A batch is planned once (samples grouped by
+// key, in order of first row), then each key is one work item: nearby rows are merged into runs read with
+// one call each (merge_runs), fetched from the key's ArrayReader, transposed when the file is in Fortran
+// order, converted, and zero-padded where a window (or label row) lies outside its array.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "npyfeed/array_reader.hpp"
+
+namespace npyfeed {
+
+/// One factor or label array of a key.
+struct ArraySource {
+  std::shared_ptr<ArrayReader> reader;
+
+  const std::string& name() const { return reader->name(); }
+  const NpyHeader& header() const { return reader->header(); }
+  std::int64_t rows() const { return header().shape.empty() ? 0 : header().shape[0]; }
+  /// Elements per row (the product of the dimensions after the first).
+  std::uint64_t row_elems() const;
+};
+
+/// A sample kept after the bounds policy: window rows [feature - W + 1, feature + 1) of its key's factor
+/// array and row `label` of its key's label array (rows outside an array read as zeros).
+struct Sample {
+  std::int64_t feature;
+  std::int64_t label;
+  std::uint32_t key;
+  std::uint32_t index_pos;  // line in the index (for messages)
+};
+
+/// Rows [first, end) of one array that one item of a sorted list needs.
+struct RowRange {
+  std::int64_t first;
+  std::int64_t end;
+};
+
+/// Items [begin, end) of the list, whose rows all lie in [first, end_row): read with one call.
+struct Run {
+  std::size_t begin;
+  std::size_t end;
+  std::int64_t first;
+  std::int64_t end_row;
+};
+
+/// Merges `ranges` (sorted by first row) into runs: the next range joins a run while the gap before it is
+/// at most `max_gap_bytes` and the run would span at most `max_span_bytes` (rows of `row_bytes` bytes).
+/// Every item is in exactly one run, in order.
+std::vector<Run> merge_runs(std::span<const RowRange> ranges, std::uint64_t row_bytes, std::uint64_t max_gap_bytes,
+                            std::uint64_t max_span_bytes);
+
+/// What a gather reads and how it lays out its output; owned by the WindowSource.
+struct GatherInput {
+  const std::vector<ArraySource>* factors = nullptr;
+  const std::vector<ArraySource>* labels = nullptr;
+  const std::vector<Sample>* samples = nullptr;
+  std::int64_t window = 1;
+  std::uint32_t out_size = 4;  // float32 or float64
+  std::uint64_t x_row_elems = 0;
+  std::uint64_t y_row_elems = 0;
+};
+
+/// One batch: samples `ids` (valid indices into *input.samples) gathered into `x` and `y`, which hold
+/// ids.size() samples each. Work items are keys; run_key() may run concurrently for different keys.
+class Gather {
+ public:
+  Gather(const GatherInput& input, std::vector<std::int64_t> ids, std::byte* x, std::byte* y);
+  std::size_t keys() const noexcept { return key_begin_.size() - 1; }
+  /// On a cold page cache, asks the kernel to read every window of the batch ahead (see gather.cpp).
+  void hint_will_need() const;
+  /// Gathers the samples of the `group`-th key of the batch. Throws what its readers throw.
+  void run_key(std::size_t group) const;
+
+ private:
+  const Sample& sample_at(std::uint32_t pos) const { return (*in_.samples)[static_cast<std::size_t>(ids_[pos])]; }
+  void gather_factors(std::size_t begin, std::size_t end, std::vector<std::byte>& scratch) const;
+  void gather_labels(std::size_t begin, std::size_t end, std::vector<std::byte>& scratch) const;
+  void convert(const std::byte* src, const ScalarType& type, std::uint64_t elems, std::byte* dst) const;
+
+  GatherInput in_;
+  std::vector<std::int64_t> ids_;         // sample ids, in batch order
+  std::vector<std::uint32_t> order_;      // batch positions grouped by key, by first row within a key
+  std::vector<std::size_t> key_begin_;    // groups (keys) in `order_`, plus an end marker
+  std::byte* x_;
+  std::byte* y_;
+};
+
+}  // namespace npyfeed

@@ -1,0 +1,340 @@
+#include "npyfeed/array_reader.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <span>
+
+#include "npyfeed/direct_reader.hpp"
+#include "npyfeed/errors.hpp"
+#include "npyfeed/mapped_file.hpp"
+
+namespace npyfeed {
+
+ReadMode parse_read_mode(const std::string& name) {
+  if (name == "mmap") return ReadMode::kMmap;
+  if (name == "read") return ReadMode::kRead;
+  if (name == "direct") return ReadMode::kDirect;
+  throw InvalidArgument("mode must be 'mmap', 'read' or 'direct', not '" + name + "'");
+}
+
+namespace {
+
+void check_holds_data(const NpyHeader& header, const std::string& path, std::uint64_t size) {
+  if (size < header.data_offset + header.nbytes) {
+    throw NpyFormatError(path, size,
+                         "file is truncated: the header promises " + std::to_string(header.nbytes) +
+                             " bytes of data at offset " + std::to_string(header.data_offset) + ", the file has only " +
+                             std::to_string(size - std::min(size, header.data_offset)));
+  }
+}
+
+// Scratch memory per thread for fetch(), aligned for O_DIRECT; grows, never shrinks.
+std::byte* scratch_buffer(std::size_t size, std::size_t align) {
+  thread_local std::unique_ptr<AlignedBuffer> buffer;
+  if (!buffer || buffer->size() < size || buffer->alignment() < align) {
+    buffer.reset();
+    buffer = std::make_unique<AlignedBuffer>(std::max<std::size_t>(size, 1u << 20), std::max<std::size_t>(align, 4096));
+  }
+  return buffer->data();
+}
+
+[[noreturn]] void throw_replaced(const std::string& path) {
+  throw OsError(ESTALE, path, "file replaced since it was opened");
+}
+
+// Opens `path` with O_DIRECT, checking it is still the file of `identity`. Returns a closed File where the
+// filesystem refuses O_DIRECT (tmpfs, some FUSE): the caller reads buffered then.
+File open_direct(const std::string& path, const FileIdentity& identity) {
+  File file;
+  try {
+    file = File::open(path, /*direct=*/true);
+  } catch (const OsError& e) {
+    if (e.error_number() != EINVAL) throw;
+    return File();
+  }
+  if (!(file.identity() == identity)) throw_replaced(path);
+  return file;
+}
+
+// An array in memory: owned elsewhere (arrays handed in), or a small file read whole at open.
+class MemoryReader final : public ArrayReader {
+ public:
+  MemoryReader(std::string name, NpyHeader header, std::shared_ptr<const void> owner, const std::byte* data, bool writable,
+               bool fell_back)
+      : ArrayReader(std::move(name), std::move(header)) {
+    view_ = data;
+    owner_ = std::move(owner);
+    writable_ = writable;
+    fell_back_.store(fell_back);
+  }
+};
+
+// A shared read-only mapping of the whole file: N processes mapping one file share one copy in the page cache.
+class MappedReader final : public ArrayReader {
+ public:
+  MappedReader(const File& file, NpyHeader header) : ArrayReader(file.path(), std::move(header)) {
+    mapping_ = MappedFile::map(file);
+    view_ = mapping_->data() == nullptr ? nullptr : mapping_->data() + header_.data_offset;
+    owner_ = mapping_;
+  }
+  void populate(std::uint64_t offset, std::uint64_t length) const override {
+    try {
+      mapping_->populate(header_.data_offset + offset, length);
+    } catch (const NpyFormatError& e) {
+      throw e.with_path(name_);  // MappedFile does not know the path
+    }
+  }
+  void will_need(std::uint64_t offset, std::uint64_t length) const override {
+    mapping_->will_need(header_.data_offset + offset, length);
+  }
+  bool probably_cached(std::uint64_t offset) const override {
+    if (mapping_->data() == nullptr) return true;
+    static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    const std::uint64_t at = (header_.data_offset + offset) / page * page;
+    unsigned char resident = 1;
+    if (::mincore(const_cast<std::byte*>(mapping_->data()) + at, 1, &resident) != 0) return true;
+    return (resident & 1) != 0;
+  }
+
+ private:
+  std::shared_ptr<MappedFile> mapping_;
+};
+
+// A file read through descriptors: the one kept open, or the file opened again per call when the process
+// cannot keep a descriptor per file (always checked to be the same file: a replaced file is never read).
+class FileReader : public ArrayReader {
+ public:
+  void read(std::uint64_t offset, std::uint64_t length, std::byte* dest) const override {
+    File reopened;
+    plain(reopened).read_exact(dest, length, header_.data_offset + offset);
+  }
+  void read_strided(std::uint64_t offset, std::uint64_t length, std::uint64_t stride, std::uint64_t count,
+                    std::byte* dest) const override {
+    File reopened;
+    const File& file = plain(reopened);
+    for (std::uint64_t k = 0; k < count; ++k) file.read_exact(dest + k * length, length, header_.data_offset + offset + k * stride);
+  }
+
+ protected:
+  FileReader(const File& file, NpyHeader header) : ArrayReader(file.path(), std::move(header)), identity_(file.identity()) {}
+  // A buffered descriptor for one call: the kept one if it is plain, else the file opened again.
+  const File& plain(File& reopened) const {
+    if (file_.is_open() && !file_is_direct_) return file_;
+    reopened = File::open(name_);
+    if (!(reopened.identity() == identity_)) throw_replaced(name_);
+    return reopened;
+  }
+  FileIdentity identity_;
+  File file_;  // kept open (keep_open), else closed
+  bool file_is_direct_ = false;
+};
+
+// pread into the caller's memory; the page cache keeps what was read for the next epoch.
+class PreadReader final : public FileReader {
+ public:
+  PreadReader(File file, NpyHeader header, bool keep_open) : FileReader(file, std::move(header)) {
+    if (keep_open) file_ = std::move(file);
+  }
+  const std::byte* fetch(std::uint64_t offset, std::uint64_t length) const override {
+    std::byte* dest = scratch_buffer(length, kBufferAlignment);
+    read(offset, length, dest);
+    return dest;
+  }
+  bool reads_in_place() const noexcept override { return true; }
+  void will_need(std::uint64_t offset, std::uint64_t length) const override {
+    if (!file_.is_open()) return;
+    ::posix_fadvise(file_.fd(), static_cast<off_t>(header_.data_offset + offset), static_cast<off_t>(length),
+                    POSIX_FADV_WILLNEED);
+  }
+  // A 1-byte RWF_NOWAIT read: EAGAIN means the byte is not cached. Unknown (no descriptor) counts as cached.
+  bool probably_cached(std::uint64_t offset) const override {
+    if (!file_.is_open()) return true;
+    char byte;
+    struct iovec iov {&byte, 1};
+    ssize_t got = ::preadv2(file_.fd(), &iov, 1, static_cast<off_t>(header_.data_offset + offset), RWF_NOWAIT);
+    return !(got < 0 && errno == EAGAIN);
+  }
+};
+
+// O_DIRECT: reads bypass the page cache (one copy from the device, nothing evicted). Buffers, offsets and
+// lengths must be aligned (see direct_reader.hpp). Where the filesystem refuses it, at open or on a read,
+// the reader falls back to buffered reads for good, through a plain descriptor (a buffered read on the
+// O_DIRECT one would still be O_DIRECT).
+class DirectReader final : public FileReader {
+ public:
+  DirectReader(File file, NpyHeader header, bool keep_open) : FileReader(file, std::move(header)) {
+    File direct = open_direct(name_, identity_);
+    if (direct.is_open()) {
+      align_ = direct_alignment(direct);
+      if (keep_open) {
+        file_ = std::move(direct);
+        file_is_direct_ = true;
+      }
+    } else {
+      fell_back_.store(true);
+      align_ = direct_alignment(file);
+      if (keep_open) file_ = std::move(file);
+    }
+  }
+  const std::byte* fetch(std::uint64_t offset, std::uint64_t length) const override {
+    const std::uint64_t at = header_.data_offset + offset;
+    const std::size_t lead = at % align_;
+    std::byte* base = scratch_buffer(align_up(lead + length, align_) + align_, align_);
+    if (read_direct(base + lead, at, length)) return base + lead;
+    std::byte* dest = scratch_buffer(length, kBufferAlignment);
+    read(offset, length, dest);
+    return dest;
+  }
+  // Data at data_offset % align in a buffer aligned to align: aligned reads land it in place.
+  Destination allocate() const override {
+    const std::size_t lead = header_.data_offset % align_;
+    auto buffer = std::make_shared<AlignedBuffer>(align_up(lead + header_.nbytes, align_) + align_, align_);
+    return {buffer, buffer->data() + lead};
+  }
+  void fill(const Destination& dest, std::uint64_t offset, std::uint64_t length) const override {
+    if (!read_direct(dest.data + offset, header_.data_offset + offset, length)) read(offset, length, dest.data + offset);
+  }
+  std::size_t fill_alignment() const noexcept override { return align_; }
+  std::size_t reads_in_flight_per_thread() const noexcept override { return 4; }
+
+ private:
+  // File bytes [at, at + length) to `dest` with O_DIRECT; false (and buffered reads from now on) where refused.
+  bool read_direct(std::byte* dest, std::uint64_t at, std::uint64_t length) const {
+    if (fell_back()) return false;
+    File reopened;
+    const File* file = &file_;
+    if (!file_is_direct_) {
+      reopened = open_direct(name_, identity_);
+      file = &reopened;
+    }
+    if (file->is_open() && read_direct_into(*file, align_, dest, at, length)) return true;
+    fell_back_.store(true);
+    return false;
+  }
+  std::size_t align_ = 4096;
+};
+
+// A small file in read/direct mode: one read of the whole file, header included (a separate header read
+// would cost a second IO per file when the cache is cold), into the buffer that then holds the array.
+std::shared_ptr<ArrayReader> read_whole(const File& file, ReadMode mode, std::size_t max_header_size) {
+  const std::string& path = file.path();
+  const std::uint64_t size = file.size();
+  File direct_file;
+  bool fell_back = false;
+  std::size_t align = 1;
+  if (mode == ReadMode::kDirect) {
+    direct_file = open_direct(path, file.identity());
+    fell_back = !direct_file.is_open();
+    if (direct_file.is_open()) align = direct_alignment(direct_file);
+  }
+  const std::size_t buffer_align = std::max<std::size_t>(align, kBufferAlignment);
+  auto buffer = std::make_shared<AlignedBuffer>(align_up(std::max<std::uint64_t>(size, 1), buffer_align) + buffer_align,
+                                                buffer_align);
+  std::uint64_t got = size;
+  if (!direct_file.is_open() || !read_direct_into(direct_file, align, buffer->data(), 0, size)) {
+    fell_back = direct_file.is_open() || fell_back;
+    got = file.read_at(buffer->data(), size, 0);
+    if (got < size) {
+      throw NpyFormatError(path, got, "file ended while reading its " + std::to_string(size) +
+                                          " bytes (truncated, or shrunk while being read)");
+    }
+  }
+  NpyHeader header;
+  try {
+    header = parse_npy_header(std::span<const std::byte>(buffer->data(), got), max_header_size);
+  } catch (const NpyFormatError& e) {
+    throw e.with_path(path);
+  }
+  check_holds_data(header, path, got);
+  std::byte* data = buffer->data() + header.data_offset;
+  if (header.data_offset % kBufferAlignment != 0) {
+    // Data at an offset no numpy writer uses (they align it to 64, old ones to 16): copy it to an aligned
+    // buffer so that owned arrays are always 64-byte aligned.
+    auto aligned = std::make_shared<AlignedBuffer>(header.nbytes);
+    std::memcpy(aligned->data(), data, header.nbytes);
+    buffer = aligned;
+    data = aligned->data();
+  }
+  return std::make_shared<MemoryReader>(path, std::move(header), buffer, data, /*writable=*/true, fell_back);
+}
+
+}  // namespace
+
+NpyHeader read_header(const File& file, std::size_t max_header_size) {
+  // Most headers fit in the first 4 KiB; longer ones (up to the cap) take a second read.
+  std::vector<std::byte> head(std::min<std::uint64_t>(file.size(), 4096));
+  std::size_t got = file.read_at(head.data(), head.size(), 0);
+  head.resize(got);
+  NpyHeader header;
+  try {
+    std::uint64_t need = npy_header_end(std::span<const std::byte>(head.data(), std::min<std::size_t>(got, kMaxPreambleSize)),
+                                        max_header_size);
+    if (need > head.size() && need <= file.size()) {
+      head.resize(need);
+      head.resize(file.read_at(head.data(), need, 0));
+    }
+    header = parse_npy_header(head, max_header_size);
+  } catch (const NpyFormatError& e) {
+    throw e.with_path(file.path());
+  }
+  check_holds_data(header, file.path(), file.size());
+  return header;
+}
+
+std::shared_ptr<ArrayReader> ArrayReader::open(const std::string& path, const ReaderOptions& options) {
+  File file = File::open(path);
+  if (options.mode != ReadMode::kMmap && file.size() <= options.read_whole_up_to) {
+    return read_whole(file, options.mode, options.max_header_size);
+  }
+  NpyHeader header = read_header(file, options.max_header_size);
+  switch (options.mode) {
+    case ReadMode::kMmap:
+      return std::make_shared<MappedReader>(file, std::move(header));
+    case ReadMode::kRead:
+      return std::make_shared<PreadReader>(std::move(file), std::move(header), options.keep_open);
+    case ReadMode::kDirect:
+      return std::make_shared<DirectReader>(std::move(file), std::move(header), options.keep_open);
+  }
+  throw InvalidArgument("unknown read mode");
+}
+
+std::shared_ptr<ArrayReader> ArrayReader::in_memory(std::string name, NpyHeader header, std::shared_ptr<const void> owner,
+                                                    const std::byte* data, bool writable) {
+  return std::make_shared<MemoryReader>(std::move(name), std::move(header), std::move(owner), data, writable, false);
+}
+
+// ---- defaults, for readers whose data is in view() ----------------------------------------------
+
+void ArrayReader::read(std::uint64_t offset, std::uint64_t length, std::byte* dest) const {
+  if (length > 0) std::memcpy(dest, view_ + offset, length);
+}
+
+void ArrayReader::read_strided(std::uint64_t offset, std::uint64_t length, std::uint64_t stride, std::uint64_t count,
+                               std::byte* dest) const {
+  for (std::uint64_t k = 0; k < count; ++k) read(offset + k * stride, length, dest + k * length);
+}
+
+const std::byte* ArrayReader::fetch(std::uint64_t offset, std::uint64_t) const { return view_ + offset; }
+
+ArrayReader::Destination ArrayReader::allocate() const {
+  auto buffer = std::make_shared<AlignedBuffer>(header_.nbytes);
+  return {buffer, buffer->data()};
+}
+
+void ArrayReader::fill(const Destination& dest, std::uint64_t offset, std::uint64_t length) const {
+  read(offset, length, dest.data + offset);
+}
+
+void ArrayReader::populate(std::uint64_t, std::uint64_t) const {}
+
+void ArrayReader::will_need(std::uint64_t, std::uint64_t) const {}
+
+bool ArrayReader::probably_cached(std::uint64_t) const { return true; }
+
+}  // namespace npyfeed

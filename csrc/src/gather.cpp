@@ -1,0 +1,242 @@
+#include "npyfeed/gather.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "npyfeed/detail/convert.hpp"
+
+namespace npyfeed {
+
+namespace {
+
+// Merging: ranges of one key whose rows are this close are read with one call (file readers; an array in
+// memory merges everything, there is no call to save).
+constexpr std::uint64_t kMergeGapBytes = 64u << 10;
+constexpr std::uint64_t kMaxSpanBytes = 16u << 20;
+
+// Column-major 2-d arrays with more than one column need a transpose; one column is already row order.
+bool transposed(const NpyHeader& h) { return h.fortran_order && h.shape.size() == 2 && h.shape[1] > 1; }
+
+// Rows [first, last) of `source` in C order: from its reader (or a view), transposed from a Fortran-order
+// file into `scratch`. Valid until the next fetch on this thread.
+const std::byte* fetch_rows(const ArraySource& source, std::int64_t first, std::int64_t last, std::vector<std::byte>& scratch) {
+  const NpyHeader& h = source.header();
+  const ArrayReader& reader = *source.reader;
+  const std::uint64_t isz = h.itemsize;
+  const std::uint64_t row_bytes = source.row_elems() * isz;
+  const std::uint64_t count = static_cast<std::uint64_t>(last - first);
+  const std::uint64_t bytes = count * row_bytes;
+  if (!transposed(h)) return reader.fetch(static_cast<std::uint64_t>(first) * row_bytes, bytes);
+
+  // Column-major: element (t, f) lives at (t + f * rows). Read the rows' piece of every column (short and
+  // scattered: buffered reads), then collect them into C order.
+  const std::uint64_t rows = static_cast<std::uint64_t>(source.rows());
+  const std::uint64_t cols = static_cast<std::uint64_t>(h.shape[1]);
+  const std::uint64_t piece = count * isz;
+  std::vector<std::byte> columns;
+  const std::byte* base = reader.view();
+  std::uint64_t stride = rows * isz;
+  std::uint64_t start = static_cast<std::uint64_t>(first) * isz;
+  if (base == nullptr) {
+    columns.resize(bytes);
+    reader.read_strided(start, piece, stride, cols, columns.data());
+    base = columns.data();
+    stride = piece;
+    start = 0;
+  }
+  scratch.resize(bytes);
+  for (std::uint64_t f = 0; f < cols; ++f) {
+    const std::byte* src = base + start + f * stride;
+    for (std::uint64_t t = 0; t < count; ++t) std::memcpy(scratch.data() + (t * cols + f) * isz, src + t * isz, isz);
+  }
+  return scratch.data();
+}
+
+}  // namespace
+
+std::uint64_t ArraySource::row_elems() const {
+  std::uint64_t n = 1;
+  for (std::size_t k = 1; k < header().shape.size(); ++k) n *= static_cast<std::uint64_t>(header().shape[k]);
+  return n;
+}
+
+std::vector<Run> merge_runs(std::span<const RowRange> ranges, std::uint64_t row_bytes, std::uint64_t max_gap_bytes,
+                            std::uint64_t max_span_bytes) {
+  std::vector<Run> runs;
+  std::size_t i = 0;
+  while (i < ranges.size()) {
+    Run run{i, i + 1, ranges[i].first, ranges[i].end};
+    for (; run.end < ranges.size(); ++run.end) {
+      const RowRange& next = ranges[run.end];
+      const std::int64_t gap = std::max<std::int64_t>(next.first - run.end_row, 0);
+      const std::int64_t end_row = std::max(run.end_row, next.end);
+      if (static_cast<std::uint64_t>(gap) * row_bytes > max_gap_bytes) break;
+      if (static_cast<std::uint64_t>(end_row - run.first) * row_bytes > max_span_bytes) break;
+      run.end_row = end_row;
+    }
+    runs.push_back(run);
+    i = run.end;
+  }
+  return runs;
+}
+
+Gather::Gather(const GatherInput& input, std::vector<std::int64_t> ids, std::byte* x, std::byte* y)
+    : in_(input), ids_(std::move(ids)), x_(x), y_(y) {
+  order_.resize(ids_.size());
+  std::iota(order_.begin(), order_.end(), 0u);
+  std::sort(order_.begin(), order_.end(), [&](std::uint32_t a, std::uint32_t b) {
+    const Sample& sa = sample_at(a);
+    const Sample& sb = sample_at(b);
+    return sa.key != sb.key ? sa.key < sb.key : sa.feature < sb.feature;
+  });
+  for (std::size_t i = 0; i < order_.size(); ++i) {
+    if (i == 0 || sample_at(order_[i]).key != sample_at(order_[i - 1]).key) key_begin_.push_back(i);
+  }
+  key_begin_.push_back(order_.size());
+}
+
+// On a cold cache, tells the kernel about every window of the batch before the workers touch them: it then
+// reads them all concurrently (a deep device queue) instead of one page fault or pread at a time per worker.
+// A few residency probes first, so a warm cache pays almost nothing (a hint costs ~10 us per window even
+// when everything is cached). Readers that bypass the page cache, or hold the data in memory, report
+// everything cached and take no hints.
+void Gather::hint_will_need() const {
+  auto window_bytes = [&](const Sample& s, std::uint64_t& offset, std::uint64_t& length) {
+    const ArraySource& factor = (*in_.factors)[s.key];
+    if (transposed(factor.header())) return false;
+    const std::uint64_t row_bytes = factor.row_elems() * factor.header().itemsize;
+    const std::int64_t rows = factor.rows();
+    const auto first = static_cast<std::int64_t>(std::clamp<__int128>(static_cast<__int128>(s.feature) - in_.window + 1, 0, rows));
+    const auto end = static_cast<std::int64_t>(std::clamp<__int128>(static_cast<__int128>(s.feature) + 1, 0, rows));
+    if (end <= first || row_bytes == 0) return false;
+    offset = static_cast<std::uint64_t>(first) * row_bytes;
+    length = static_cast<std::uint64_t>(end - first) * row_bytes;
+    return true;
+  };
+  constexpr std::size_t kProbes = 8;
+  bool cold = false;
+  const std::size_t n = ids_.size();
+  for (std::size_t p = 0; p < kProbes && p < n && !cold; ++p) {
+    const Sample& s = (*in_.samples)[static_cast<std::size_t>(ids_[p * n / std::min(n, kProbes)])];
+    std::uint64_t offset, length;
+    if (!window_bytes(s, offset, length)) continue;
+    const ArrayReader& reader = *(*in_.factors)[s.key].reader;
+    cold = !reader.probably_cached(offset) || !reader.probably_cached(offset + length - 1);
+  }
+  if (!cold) return;
+  for (std::int64_t id : ids_) {
+    const Sample& s = (*in_.samples)[static_cast<std::size_t>(id)];
+    std::uint64_t offset, length;
+    if (window_bytes(s, offset, length)) (*in_.factors)[s.key].reader->will_need(offset, length);
+  }
+}
+
+void Gather::convert(const std::byte* src, const ScalarType& type, std::uint64_t elems, std::byte* dst) const {
+  if (in_.out_size == 4) {
+    detail::convert<float>(src, type, elems, reinterpret_cast<float*>(dst));
+  } else {
+    detail::convert<double>(src, type, elems, reinterpret_cast<double*>(dst));
+  }
+}
+
+void Gather::run_key(std::size_t group) const {
+  std::vector<std::byte> transpose_scratch;
+  gather_factors(key_begin_[group], key_begin_[group + 1], transpose_scratch);
+  gather_labels(key_begin_[group], key_begin_[group + 1], transpose_scratch);
+}
+
+// Factor windows of one key, in order of first row (order_[begin, end)); nearby windows are fetched together.
+void Gather::gather_factors(std::size_t begin, std::size_t end, std::vector<std::byte>& scratch) const {
+  const ArraySource& factor = (*in_.factors)[sample_at(order_[begin]).key];
+  const ArrayReader& reader = *factor.reader;
+  const NpyHeader& h = factor.header();
+  const std::int64_t window = in_.window;
+  const std::int64_t rows = factor.rows();
+  const std::uint64_t src_row_bytes = factor.row_elems() * h.itemsize;
+  const std::uint64_t x_row_out = in_.x_row_elems * in_.out_size;
+  // Window ends in 128 bits (feature_index may be any int64 under bounds='pad'), clipped to the array.
+  auto clip = [&](__int128 r) { return static_cast<std::int64_t>(std::clamp<__int128>(r, 0, rows)); };
+  auto window_first = [&](const Sample& s) { return static_cast<__int128>(s.feature) - window + 1; };
+  auto window_end = [&](const Sample& s) { return static_cast<__int128>(s.feature) + 1; };
+  auto out_of = [&](std::uint32_t pos) { return x_ + static_cast<std::uint64_t>(pos) * static_cast<std::uint64_t>(window) * x_row_out; };
+
+  std::vector<RowRange> ranges(end - begin);
+  for (std::size_t k = begin; k < end; ++k) {
+    const Sample& s = sample_at(order_[k]);
+    ranges[k - begin] = {clip(window_first(s)), clip(window_end(s))};
+  }
+  const bool in_memory = reader.view() != nullptr;
+  const std::uint64_t gap = in_memory ? UINT64_MAX : kMergeGapBytes;
+  const std::uint64_t span = in_memory ? UINT64_MAX : kMaxSpanBytes;
+  // One window stored exactly as the output wants it, from a reader that reads in place: straight into the batch.
+  const ScalarType& st = h.scalar;
+  const bool read_in_place = reader.reads_in_place() && !h.fortran_order && st.kind == 'f' && st.size == in_.out_size &&
+                             !st.swapped;
+  for (const Run& run : merge_runs(ranges, src_row_bytes, gap, span)) {
+    if (read_in_place && run.end == run.begin + 1 && run.end_row - run.first == window) {
+      reader.read(static_cast<std::uint64_t>(run.first) * src_row_bytes,
+                  static_cast<std::uint64_t>(window) * src_row_bytes, out_of(order_[begin + run.begin]));
+      continue;
+    }
+    const std::byte* rows_data = run.end_row > run.first ? fetch_rows(factor, run.first, run.end_row, scratch) : nullptr;
+    for (std::size_t k = begin + run.begin; k < begin + run.end; ++k) {
+      const Sample& s = sample_at(order_[k]);
+      std::byte* out = out_of(order_[k]);
+      const __int128 first = window_first(s);
+      const std::int64_t a = clip(first);
+      const std::int64_t b = clip(window_end(s));
+      // Rows before the array, the rows inside it, rows after it (zeros only under bounds='pad').
+      const auto before = static_cast<std::int64_t>(std::min<__int128>(std::max<__int128>(a - first, 0), window));
+      const std::int64_t inside = std::max<std::int64_t>(b - a, 0);
+      std::memset(out, 0, static_cast<std::size_t>(before) * x_row_out);
+      if (inside > 0) {
+        convert(rows_data + static_cast<std::uint64_t>(a - run.first) * src_row_bytes, st,
+                static_cast<std::uint64_t>(inside) * in_.x_row_elems, out + static_cast<std::uint64_t>(before) * x_row_out);
+      }
+      const std::int64_t after = window - before - inside;
+      std::memset(out + static_cast<std::uint64_t>(before + inside) * x_row_out, 0, static_cast<std::size_t>(after) * x_row_out);
+    }
+  }
+}
+
+// Label rows of one key: the same merging, in order of label row. Rows outside the array (only under
+// bounds='pad') sort to both ends and read as zeros.
+void Gather::gather_labels(std::size_t begin, std::size_t end, std::vector<std::byte>& scratch) const {
+  const ArraySource& label = (*in_.labels)[sample_at(order_[begin]).key];
+  std::vector<std::uint32_t> by_label(order_.begin() + static_cast<std::ptrdiff_t>(begin),
+                                      order_.begin() + static_cast<std::ptrdiff_t>(end));
+  std::sort(by_label.begin(), by_label.end(),
+            [&](std::uint32_t a, std::uint32_t b) { return sample_at(a).label < sample_at(b).label; });
+  const std::int64_t rows = label.rows();
+  const std::uint64_t src_row_bytes = label.row_elems() * label.header().itemsize;
+  const std::uint64_t y_row_out = in_.y_row_elems * in_.out_size;
+  auto out_of = [&](std::uint32_t pos) { return y_ + static_cast<std::uint64_t>(pos) * y_row_out; };
+
+  std::size_t inside_begin = 0;
+  while (inside_begin < by_label.size() && sample_at(by_label[inside_begin]).label < 0) ++inside_begin;
+  std::size_t inside_end = inside_begin;
+  while (inside_end < by_label.size() && sample_at(by_label[inside_end]).label < rows) ++inside_end;
+  for (std::size_t k = 0; k < by_label.size(); ++k) {
+    if (k < inside_begin || k >= inside_end) std::memset(out_of(by_label[k]), 0, y_row_out);
+  }
+  std::vector<RowRange> ranges;
+  ranges.reserve(inside_end - inside_begin);
+  for (std::size_t k = inside_begin; k < inside_end; ++k) {
+    const std::int64_t l = sample_at(by_label[k]).label;
+    ranges.push_back({l, l + 1});
+  }
+  const bool in_memory = label.reader->view() != nullptr;
+  const std::uint64_t gap = in_memory ? UINT64_MAX : kMergeGapBytes;
+  const std::uint64_t span = in_memory ? UINT64_MAX : kMaxSpanBytes;
+  for (const Run& run : merge_runs(ranges, src_row_bytes, gap, span)) {
+    const std::byte* rows_data = fetch_rows(label, run.first, run.end_row, scratch);
+    for (std::size_t k = inside_begin + run.begin; k < inside_begin + run.end; ++k) {
+      const std::int64_t l = sample_at(by_label[k]).label;
+      convert(rows_data + static_cast<std::uint64_t>(l - run.first) * src_row_bytes, label.header().scalar, in_.y_row_elems,
+              out_of(by_label[k]));
+    }
+  }
+}
+
+}  // namespace npyfeed

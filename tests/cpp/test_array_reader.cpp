@@ -1,0 +1,199 @@
+// ArrayReader, the one owner of the read modes: every reader (mmap, pread, O_DIRECT, a file read whole,
+// memory) gives the file's bytes through read, fetch, read_strided and allocate + fill, with descriptors
+// kept or reopened; a file replaced under a reader that reopens is refused; a file shrunk under one is an
+// NpyFormatError naming it. The loader and gather tests use the readers through their callers.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "check.hpp"
+#include "npy_writer.hpp"
+#include "npyfeed/array_reader.hpp"
+#include "npyfeed/errors.hpp"
+
+using namespace npyfeed;
+using npyfeed::test::contains;
+using npyfeed::test::TempDir;
+
+namespace {
+
+constexpr std::size_t kBytes = (3u << 20) + 1000;  // not a multiple of any block size
+
+struct Written {
+  std::string path;
+  std::vector<std::byte> data;
+};
+
+Written write(const TempDir& dir, const std::string& name, std::size_t bytes, std::uint64_t seed, std::size_t align = 64) {
+  Written w{dir.file(name), npyfeed::test::pattern(bytes, seed)};
+  npyfeed::test::write_file(w.path, npyfeed::test::npy_header("|u1", "(" + std::to_string(bytes) + ",)", false, 1, align), w.data);
+  return w;
+}
+
+bool same(const std::byte* got, const std::vector<std::byte>& want, std::size_t offset, std::size_t length) {
+  return std::memcmp(got, want.data() + offset, length) == 0;
+}
+
+ReaderOptions options(ReadMode mode, bool keep_open, std::uint64_t whole = 0) {
+  ReaderOptions o;
+  o.mode = mode;
+  o.keep_open = keep_open;
+  o.read_whole_up_to = whole;
+  return o;
+}
+
+const char* name_of(ReadMode mode) { return mode == ReadMode::kMmap ? "mmap" : mode == ReadMode::kRead ? "read" : "direct"; }
+
+}  // namespace
+
+TEST_CASE("parse_read_mode") {
+  CHECK(parse_read_mode("mmap") == ReadMode::kMmap);
+  CHECK(parse_read_mode("read") == ReadMode::kRead);
+  CHECK(parse_read_mode("direct") == ReadMode::kDirect);
+  auto e = CHECK_THROWS(InvalidArgument, parse_read_mode("auto"));  // "auto" is each API's business
+  if (e) CHECK_EQ(std::string(e->what()), "mode must be 'mmap', 'read' or 'direct', not 'auto'");
+}
+
+TEST_CASE("every mode, descriptors kept or reopened: read, fetch, read_strided, allocate + fill give the file's bytes") {
+  TempDir dir;
+  const Written w = write(dir, "a.npy", kBytes, 1);
+  for (ReadMode mode : {ReadMode::kMmap, ReadMode::kRead, ReadMode::kDirect}) {
+    for (bool keep : {true, false}) {
+      const std::string where = std::string(name_of(mode)) + (keep ? " kept" : " reopened");
+      auto reader = ArrayReader::open(w.path, options(mode, keep));
+      CHECK_EQ(reader->name(), w.path);
+      CHECK_EQ(reader->header().nbytes, kBytes);
+      CHECK_EQ(reader->view() != nullptr, mode == ReadMode::kMmap);
+      CHECK(!reader->view_writable());
+      CHECK_EQ(reader->reads_in_place(), mode == ReadMode::kRead);
+      CHECK_EQ(reader->reads_in_flight_per_thread(), mode == ReadMode::kDirect ? 4u : 1u);
+      if (mode != ReadMode::kDirect) CHECK(!reader->fell_back());
+      for (std::size_t offset : {std::size_t{0}, std::size_t{1}, std::size_t{4095}, std::size_t{4096}, kBytes - 7}) {
+        for (std::size_t length : {std::size_t{1}, std::size_t{7}, std::size_t{5000}}) {
+          if (offset + length > kBytes) continue;
+          std::vector<std::byte> out(length);
+          reader->read(offset, length, out.data());
+          if (!same(out.data(), w.data, offset, length)) test::report(__FILE__, __LINE__, where + ": read " + std::to_string(offset));
+          if (!same(reader->fetch(offset, length), w.data, offset, length)) {
+            test::report(__FILE__, __LINE__, where + ": fetch " + std::to_string(offset));
+          }
+        }
+      }
+      // Three pieces of 10 bytes, 1000 apart (the columns of a Fortran-order array).
+      std::vector<std::byte> pieces(30);
+      reader->read_strided(123, 10, 1000, 3, pieces.data());
+      for (std::size_t k = 0; k < 3; ++k) CHECK(same(pieces.data() + 10 * k, w.data, 123 + 1000 * k, 10));
+      // The whole array in chunks split on the reader's block, as the loader does.
+      ArrayReader::Destination dest = reader->allocate();
+      REQUIRE(dest.buffer != nullptr);
+      CHECK(reinterpret_cast<std::uintptr_t>(dest.data) % 64 == 0 || mode == ReadMode::kDirect);
+      const std::uint64_t step = std::max<std::size_t>(reader->fill_alignment(), 4096) * 64;
+      const std::uint64_t begin = reader->header().data_offset;
+      for (std::uint64_t at = begin; at < begin + kBytes;) {
+        const std::uint64_t next = std::min(begin + kBytes, at / step * step + step);
+        reader->fill(dest, at - begin, next - at);
+        at = next;
+      }
+      if (!same(dest.data, w.data, 0, kBytes)) test::report(__FILE__, __LINE__, where + ": fill");
+      reader->populate(0, kBytes);
+      reader->will_need(0, kBytes);
+      (void)reader->probably_cached(kBytes - 1);
+    }
+  }
+}
+
+TEST_CASE("small files read whole in read/direct modes: an owned, writable, 64-byte aligned view") {
+  TempDir dir;
+  const Written aligned = write(dir, "a.npy", 5000, 2);
+  const Written odd = write(dir, "odd.npy", 5000, 3, 16);  // data at a 16-byte boundary, as old writers did
+  for (const Written* w : {&aligned, &odd}) {
+    for (ReadMode mode : {ReadMode::kRead, ReadMode::kDirect}) {
+      auto reader = ArrayReader::open(w->path, options(mode, true, 1u << 20));
+      REQUIRE(reader->view() != nullptr);
+      CHECK(reader->view_writable());
+      CHECK(reinterpret_cast<std::uintptr_t>(reader->view()) % 64 == 0);
+      CHECK(same(reader->view(), w->data, 0, 5000));
+      CHECK(same(reader->fetch(100, 50), w->data, 100, 50));
+      CHECK(reader->view_owner() != nullptr);
+    }
+    // A mapping is never "read whole": still the shared read-only view.
+    auto mapped = ArrayReader::open(w->path, options(ReadMode::kMmap, true, 1u << 20));
+    CHECK(mapped->view() != nullptr && !mapped->view_writable());
+    CHECK(same(mapped->view(), w->data, 0, 5000));
+  }
+  const Written big = write(dir, "big.npy", 9000, 4);
+  CHECK(ArrayReader::open(big.path, options(ReadMode::kRead, true, 8999))->view() == nullptr);
+}
+
+TEST_CASE("a replaced file: refused where the reader reopens it, the old file where it kept a descriptor") {
+  TempDir dir;
+  const Written w = write(dir, "a.npy", kBytes, 5);
+  for (ReadMode mode : {ReadMode::kRead, ReadMode::kDirect}) {
+    auto kept = ArrayReader::open(w.path, options(mode, true));
+    auto reopening = ArrayReader::open(w.path, options(mode, false));
+    const Written other = write(dir, "b.npy", kBytes, 6);
+    std::filesystem::rename(other.path, w.path);
+    std::vector<std::byte> out(100);
+    auto e = CHECK_THROWS(OsError, reopening->read(10, 100, out.data()));
+    if (e) {
+      CHECK_EQ(e->error_number(), ESTALE);
+      CHECK_EQ(e->path(), w.path);
+    }
+    CHECK_THROWS(OsError, reopening->fetch(0, 100));
+    // A kept descriptor still reads the old file (a kept O_DIRECT one serves direct reads only).
+    if (mode == ReadMode::kRead) {
+      kept->read(10, 100, out.data());
+      CHECK(same(out.data(), w.data, 10, 100));
+    } else if (!kept->fell_back()) {
+      CHECK(same(kept->fetch(10, 100), w.data, 10, 100));
+    }
+    // Back to the original for the next mode.
+    npyfeed::test::write_file(dir.file("c.npy"), npyfeed::test::npy_header("|u1", "(" + std::to_string(kBytes) + ",)"), w.data);
+    std::filesystem::rename(dir.file("c.npy"), w.path);
+  }
+}
+
+TEST_CASE("a file shrunk under a reader: NpyFormatError naming it, never a short answer") {
+  TempDir dir;
+  const Written w = write(dir, "a.npy", kBytes, 7);
+  for (ReadMode mode : {ReadMode::kRead, ReadMode::kDirect}) {
+    for (bool keep : {true, false}) {
+      auto reader = ArrayReader::open(w.path, options(mode, keep));
+      REQUIRE(::truncate(w.path.c_str(), static_cast<off_t>(reader->header().data_offset + 1000)) == 0);
+      std::vector<std::byte> out(5000);
+      auto e = CHECK_THROWS(NpyFormatError, reader->read(500, 5000, out.data()));
+      if (e) CHECK_EQ(e->path(), w.path);
+      auto f = CHECK_THROWS(NpyFormatError, reader->fetch(500, 5000));
+      if (f) CHECK(contains(f->what(), w.path));
+      npyfeed::test::write_file(w.path, npyfeed::test::npy_header("|u1", "(" + std::to_string(kBytes) + ",)"), w.data);
+    }
+  }
+}
+
+TEST_CASE("arrays in memory: the view is the caller's memory, kept alive by its owner") {
+  auto bytes = std::make_shared<std::vector<std::byte>>(npyfeed::test::pattern(256, 8));
+  NpyHeader h;
+  h.nbytes = 256;
+  h.itemsize = 1;
+  h.shape = {256};
+  std::weak_ptr<std::vector<std::byte>> watch = bytes;
+  auto reader = ArrayReader::in_memory("arr['k']", h, bytes, bytes->data(), false);
+  const std::vector<std::byte> copy = *bytes;
+  bytes.reset();
+  CHECK(!watch.expired());
+  CHECK_EQ(reader->name(), "arr['k']");
+  CHECK(reader->fetch(10, 5) == reader->view() + 10);
+  std::vector<std::byte> out(20);
+  reader->read(200, 20, out.data());
+  CHECK(same(out.data(), copy, 200, 20));
+  std::vector<std::byte> pieces(6);
+  reader->read_strided(1, 2, 100, 3, pieces.data());
+  for (std::size_t k = 0; k < 3; ++k) CHECK(same(pieces.data() + 2 * k, copy, 1 + 100 * k, 2));
+  reader.reset();
+  CHECK(watch.expired());
+}
