@@ -202,3 +202,20 @@ def test_progress_bar_counts_bytes(data_set, capsys):
     npyfeed.warm(root, progress=True)
     err = capsys.readouterr().err
     assert "npyfeed 5 files" in err
+
+
+def test_a_window_source_warms_its_factor_and_label_files(tmp_path):
+    factor_dir, label_dir = tmp_path / "factor", tmp_path / "label"
+    factor_dir.mkdir()
+    label_dir.mkdir()
+    for key in ("a", "b"):
+        np.save(factor_dir / f"{key}.npy", np.ones((50, 3), np.float32))
+        np.save(label_dir / f"{key}.npy", np.ones((50, 1), np.float32))
+    np.save(factor_dir / "unused.npy", np.ones((50, 3), np.float32))  # no index line names it
+    (tmp_path / "index.txt").write_text("9,9,a\n9,9,b\n")
+    src = npyfeed.WindowSource([tmp_path / "index.txt"], factor_dir, label_dir, window=5)
+    assert src.files == (str(factor_dir / "a.npy"), str(factor_dir / "b.npy"), str(label_dir / "a.npy"),
+                         str(label_dir / "b.npy"))
+    report = npyfeed.warm(src, lock=False)
+    assert report.files == 4 and report.resident_after == report.bytes
+    assert npyfeed.WindowSource.from_arrays([(9, 9, "a")], {"a": np.ones((50, 3))}, {"a": np.ones((50, 1))}, 5).files == ()
