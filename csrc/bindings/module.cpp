@@ -286,7 +286,7 @@ WindowOptions window_options(std::int64_t window, const std::string& dtype, cons
 
 class PyBatchStream {
  public:
-  PyBatchStream(std::shared_ptr<WindowSource> source, std::vector<std::int64_t> order, std::size_t batch_size,
+  PyBatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size,
                 bool drop_remainder, std::size_t prefetch, std::size_t start_batch)
       : source_(source), stream_(std::make_unique<BatchStream>(std::move(source), std::move(order), batch_size, drop_remainder,
                                                                prefetch, start_batch)) {}
@@ -480,10 +480,11 @@ PYBIND11_MODULE(_core, m) {
         const std::uint32_t out = s->options().out_size;
         return py::make_tuple(wrap_batch(batch.x, batch.count, s->x_shape(), out), wrap_batch(batch.y, batch.count, s->y_shape(), out));
       })
-      .def("stream", [](const std::shared_ptr<WindowSource>& s, const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& order,
-                        std::size_t batch_size, bool drop_remainder, std::size_t prefetch, std::size_t start_batch) {
-        std::vector<std::int64_t> v = int64_vector(order);
-        return std::make_unique<PyBatchStream>(s, std::move(v), batch_size, drop_remainder, prefetch, start_batch);
+      .def("stream", [](const std::shared_ptr<WindowSource>& s, bool shuffle, std::uint64_t seed, std::uint64_t epoch,
+                        std::size_t num_shards, std::size_t shard_index, std::size_t batch_size, bool drop_remainder,
+                        std::size_t prefetch, std::size_t start_batch) {
+        EpochOrder order(s->size(), shuffle, seed, epoch, num_shards, shard_index);
+        return std::make_unique<PyBatchStream>(s, std::move(order), batch_size, drop_remainder, prefetch, start_batch);
       });
 
   py::class_<PyBatchStream>(m, "BatchStream")

@@ -10,19 +10,21 @@
 #include <vector>
 
 #include "npyfeed/aligned_buffer.hpp"
+#include "npyfeed/epoch_order.hpp"
 #include "npyfeed/thread_pool.hpp"
 #include "npyfeed/window_source.hpp"
 
 namespace npyfeed {
 
-/// Read-ahead over a fixed sample order: keeps up to `prefetch` batch gathers in flight on the pool.
+/// Read-ahead over a sample order: keeps up to `prefetch` batch gathers in flight on the pool.
 /// Thread-safe: close() may come from another thread while one waits for a batch (take() then returns an
 /// empty batch, count 0).
 class BatchStream {
  public:
   using Batch = WindowBatch;
-  /// Throws InvalidArgument for a batch_size of 0, IndexOutOfRange for an id outside the source.
-  BatchStream(std::shared_ptr<WindowSource> source, std::vector<std::int64_t> order, std::size_t batch_size,
+  /// Throws InvalidArgument for a batch_size of 0, IndexOutOfRange for an explicit id outside the source.
+  /// A computed order must be over the source's samples (ids are made per batch, never all at once).
+  BatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size,
               bool drop_remainder, std::size_t prefetch, std::size_t start_batch);
   ~BatchStream();
   std::size_t num_batches() const noexcept { return num_batches_; }
@@ -40,7 +42,7 @@ class BatchStream {
   };
   void fill();
   std::shared_ptr<WindowSource> source_;
-  std::vector<std::int64_t> order_;
+  EpochOrder order_;
   std::size_t batch_size_;
   std::size_t prefetch_;
   std::size_t num_batches_;

@@ -6,7 +6,7 @@
 
 namespace npyfeed {
 
-BatchStream::BatchStream(std::shared_ptr<WindowSource> source, std::vector<std::int64_t> order, std::size_t batch_size,
+BatchStream::BatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size,
                          bool drop_remainder, std::size_t prefetch, std::size_t start_batch)
     : source_(std::move(source)),
       order_(std::move(order)),
@@ -14,7 +14,7 @@ BatchStream::BatchStream(std::shared_ptr<WindowSource> source, std::vector<std::
       prefetch_(std::max<std::size_t>(prefetch, 1)),
       buffers_(std::make_shared<BufferPool>(2 * (std::max<std::size_t>(prefetch, 1) + 2))) {
   if (batch_size_ == 0) throw InvalidArgument("batch_size must be at least 1");
-  source_->check_ids(order_);
+  if (const auto* ids = order_.explicit_ids()) source_->check_ids(*ids);
   num_batches_ = drop_remainder ? order_.size() / batch_size_ : (order_.size() + batch_size_ - 1) / batch_size_;
   next_start_ = std::min(start_batch, num_batches_);
 }
@@ -24,9 +24,7 @@ BatchStream::~BatchStream() { close(); }
 void BatchStream::fill() {
   while (!closed_ && pending_.size() < prefetch_ && next_start_ < num_batches_) {
     const std::size_t first = next_start_ * batch_size_;
-    const std::size_t count = std::min(batch_size_, order_.size() - first);
-    std::vector<std::int64_t> ids(order_.begin() + static_cast<std::ptrdiff_t>(first),
-                                  order_.begin() + static_cast<std::ptrdiff_t>(first + count));
+    std::vector<std::int64_t> ids = order_.slice(first, batch_size_);
     auto [batch, job] = source_->start_batch(shared_pool(), std::move(ids), buffers_.get());
     pending_.push_back({std::move(job), std::move(batch)});
     ++next_start_;

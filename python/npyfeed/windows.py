@@ -255,8 +255,11 @@ class WindowSource:
                                  drop_remainder=drop_remainder)
         if isinstance(start_batch, bool) or not isinstance(start_batch, (int, np.integer)) or not 0 <= start_batch <= total:
             raise ValueError(f"start_batch must be in [0, {total}], got {start_batch!r}")
-        order = self.epoch_order(epoch, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index)
-        stream = self._core.stream(order, int(batch_size), bool(drop_remainder), int(prefetch), int(start_batch))
+        _check_shards(num_shards, shard_index)
+        seed, epoch = (_as_u64(seed, "seed"), _as_u64(epoch, "epoch")) if shuffle else (0, 0)
+        # The order is computed batch by batch in C++: no per-sample memory, whatever the epoch's size.
+        stream = self._core.stream(bool(shuffle), seed, epoch, int(num_shards), int(shard_index), int(batch_size),
+                                   bool(drop_remainder), int(prefetch), int(start_batch))
         return BatchIterator(self, stream, total - int(start_batch))
 
 

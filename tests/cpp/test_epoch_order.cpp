@@ -1,5 +1,6 @@
 // The epoch order: a permutation that is the same on every machine (golden values), differs per epoch
-// and seed, is close to uniform, and splits into disjoint shards covering the epoch. Mirrors the epoch
+// and seed, is close to uniform, splits into disjoint shards covering the epoch, and is computed per position
+// (EpochOrder) exactly as the materialised order. Mirrors the epoch
 // tests in tests/test_windows.py.
 #include <algorithm>
 #include <cstdint>
@@ -34,11 +35,11 @@ TEST_CASE("a permutation of [0, n) for every n") {
 }
 
 TEST_CASE("the same on every machine: golden values") {
-  // Recorded from this implementation (splitmix64-seeded xoshiro256**, Lemire, Fisher-Yates): a change
+  // Recorded from this implementation (IndexShuffle: an 8-round Feistel network with cycle walking): a change
   // here reorders every user's epochs.
-  CHECK(epoch_permutation(10, 0, 0) == (std::vector<std::int64_t>{9, 0, 8, 6, 5, 7, 1, 4, 3, 2}));
-  CHECK(epoch_permutation(10, 12345, 3) == (std::vector<std::int64_t>{8, 7, 6, 2, 3, 9, 1, 0, 4, 5}));
-  CHECK(epoch_permutation(10, UINT64_MAX, UINT64_MAX) == (std::vector<std::int64_t>{0, 7, 2, 1, 8, 3, 9, 4, 6, 5}));
+  CHECK(epoch_permutation(10, 0, 0) == (std::vector<std::int64_t>{8, 2, 7, 3, 0, 1, 4, 6, 9, 5}));
+  CHECK(epoch_permutation(10, 12345, 3) == (std::vector<std::int64_t>{7, 5, 3, 8, 9, 1, 4, 2, 0, 6}));
+  CHECK(epoch_permutation(10, UINT64_MAX, UINT64_MAX) == (std::vector<std::int64_t>{9, 8, 1, 7, 4, 0, 6, 3, 5, 2}));
 }
 
 TEST_CASE("deterministic; different per epoch and per seed") {
@@ -75,6 +76,25 @@ TEST_CASE("shards: every num_shards-th id, disjoint, together the whole epoch") 
     }
   }
   CHECK(epoch_order(0, true, 1, 1, 4, 3).empty());
+  CHECK(epoch_order(2, true, 1, 1, 4, 3).empty());  // more shards than samples: the last ones are empty
   CHECK_THROWS(InvalidArgument, epoch_order(10, false, 0, 0, 2, 2));
   CHECK_THROWS(InvalidArgument, epoch_order(10, false, 0, 0, 0, 0));
+}
+
+TEST_CASE("EpochOrder per position equals the materialised order; slices clip; explicit orders") {
+  for (std::size_t shards : {1u, 3u}) {
+    for (std::size_t k = 0; k < shards; ++k) {
+      const EpochOrder order(1000, true, 5, 2, shards, k);
+      const std::vector<std::int64_t> all = epoch_order(1000, true, 5, 2, shards, k);
+      REQUIRE(order.size() == all.size());
+      for (std::size_t p = 0; p < all.size(); ++p) CHECK_EQ(order[p], all[p]);
+      CHECK(order.slice(order.size() - 2, 10) == std::vector<std::int64_t>(all.end() - 2, all.end()));
+      CHECK(order.slice(order.size(), 10).empty());
+      CHECK(order.explicit_ids() == nullptr);
+    }
+  }
+  const EpochOrder given(std::vector<std::int64_t>{4, 1, 3});
+  CHECK_EQ(given.size(), 3u);
+  CHECK(given.slice(1, 5) == (std::vector<std::int64_t>{1, 3}));
+  CHECK(given.explicit_ids() != nullptr);
 }

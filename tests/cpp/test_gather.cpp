@@ -517,7 +517,7 @@ TEST_CASE("BatchStream: batches in order, the remainder, read-ahead closed from 
     CHECK_EQ(batch, stream.num_batches());
   }
   CHECK_THROWS(InvalidArgument, BatchStream(source, order, 0, false, 2, 0));
-  CHECK_THROWS(IndexOutOfRange, BatchStream(source, {0, 99}, 2, false, 2, 0));
+  CHECK_THROWS(IndexOutOfRange, BatchStream(source, std::vector<std::int64_t>{0, 99}, 2, false, 2, 0));
 
   BatchStream stream(source, order, 2, false, 4, 0);
   auto job = stream.next_job();
