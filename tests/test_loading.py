@@ -17,11 +17,8 @@ import zlib
 from collections import OrderedDict
 from pathlib import Path
 
-import hypothesis.extra.numpy as hnp
-import hypothesis.strategies as st
 import numpy as np
 import pytest
-from hypothesis import given
 
 import npyfeed
 from _sandbox import run_on_ramfs, run_unprivileged, shared_dir
@@ -158,33 +155,7 @@ def test_matrix_writes_fortran_order(matrix_file):
     assert npyfeed.load(path).flags.f_contiguous and not npyfeed.load(path).flags.c_contiguous
 
 
-_LONGDOUBLE_BITS = np.dtype("g").itemsize * 8
-_SCALARS = (hnp.scalar_dtypes() | hnp.floating_dtypes(sizes=(_LONGDOUBLE_BITS,))
-            | hnp.byte_string_dtypes(max_len=6) | hnp.unicode_string_dtypes(max_len=4))
-_DTYPES = (_SCALARS
-           | hnp.array_dtypes(_SCALARS, max_size=4, allow_subarrays=True)
-           | hnp.nested_dtypes(_SCALARS, max_leaves=6, max_itemsize=128))
-
-
-@pytest.fixture(scope="module")
-def hypothesis_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("hypothesis")
-
-
-@given(array=hnp.arrays(_DTYPES, hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)),
-       fortran=st.booleans(), version=st.sampled_from(VERSIONS), mode=st.sampled_from(MODES))
-def test_property_matches_np_load(hypothesis_dir, array, fortran, version, mode, write_npy, assert_same_as_np_load):
-    if fortran:
-        array = np.asfortranarray(array)
-    path = hypothesis_dir / "example.npy"
-    # A new inode every time: an array still mapped from an earlier example must never see the file change.
-    path.unlink(missing_ok=True)
-    try:
-        write_npy(path, array, version)
-    except UnicodeEncodeError:  # field names that 1.0/2.0 (latin-1) cannot hold: that is what 3.0 is for
-        path.unlink()
-        write_npy(path, array, (3, 0))
-    assert_same_as_np_load(npyfeed.load(path, mode=mode), path)
+# Property tests (hypothesis) are in test_properties.py.
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -39,7 +38,8 @@ def write_source(root: Path, factor_writer=np.save) -> tuple:
 
 def read_oracle(root: Path) -> tuple:
     """(index entries, factors, labels) of a source written by `write_source`, read back with np.load."""
-    entries = [(int(f), int(l), k) for f, l, k in (line.split(",") for line in (root / "index.txt").read_text().split())]
+    lines = (root / "index.txt").read_text().split()
+    entries = [(int(f), int(l), k) for f, l, k in (line.split(",") for line in lines)]
     keys = sorted({k for _, _, k in entries})
     load = lambda sub, k: np.load(root / sub / f"{k}.npy", max_header_size=20000)  # noqa: E731
     return entries, {k: load("factor", k) for k in keys}, {k: load("label", k) for k in keys}
@@ -253,9 +253,9 @@ class _NoWarning(AssertionError):
     pass
 
 
-@pytest.mark.xfail(strict=True, raises=_NoWarning, reason="WindowSource falls back from O_DIRECT silently: the C++ source records it "
-                                       "(ArraySource::direct_refused) but the binding does not report it, unlike "
-                                       "load/load_many, whose warning the README's mode table promises for 'direct'")
+@pytest.mark.xfail(strict=True, raises=_NoWarning, reason=(
+    "WindowSource falls back from O_DIRECT silently: the C++ source records it (ArraySource::direct_refused) but "
+    "the binding does not report it, unlike load/load_many, whose warning the README's mode table promises"))
 def test_direct_fallback_warns(tmp_path):
     mountpoint = tmp_path / "ramfs"
     mountpoint.mkdir()
