@@ -255,7 +255,7 @@ class _NoWarning(AssertionError):
 
 @pytest.mark.xfail(strict=True, raises=_NoWarning, reason=(
     "WindowSource falls back from O_DIRECT silently: the C++ source records it (ArraySource::direct_refused) but "
-    "the binding does not report it, unlike load/load_many, whose warning the README's mode table promises"))
+    "the binding does not report it, unlike load/load_many (the README's mode table says so)"))
 def test_direct_fallback_warns(tmp_path):
     mountpoint = tmp_path / "ramfs"
     mountpoint.mkdir()
