@@ -339,7 +339,7 @@ index, factors, labels = _make_arrays()
 src = npyfeed.WindowSource.from_arrays(index, factors, labels, {WINDOW})
 """
 
-# A source whose gathers take a second (GIL released, like a cold disk): the script exits while TensorFlow's
+# A source whose gathers take two seconds (GIL released, like a cold disk): the script exits while TensorFlow's
 # thread is inside the generator (the second call, which starts as soon as the first batch is handed over).
 # That thread wants the GIL back after finalization has begun, which CPython never grants, and the main thread
 # waits for it in the prefetch iterator's destructor: without the exit hook this deadlocks.
@@ -363,7 +363,7 @@ _GATHER_IN_FLIGHT_AT_EXIT = """
                     calls.append(1)
                     if len(calls) == 2:
                         in_flight.set()
-                    time.sleep(1.0)
+                    time.sleep(2.0)
                     return next(it)
                 def close(self): it.close()
             return Batches()
@@ -493,7 +493,8 @@ class _Scripts:
         if status is not None:
             return status
         now = time.monotonic()
-        if name in _EXPECTED_TO_HANG and name not in self._exiting and self._read(name, "out").splitlines()[-1:] == ["ok"]:
+        exiting = name in _EXPECTED_TO_HANG and self._read(name, "out").splitlines()[-1:] == ["ok"]
+        if exiting and name not in self._exiting:
             self._exiting[name] = now
         hung = name in self._exiting and now - self._exiting[name] >= HANG_S
         if not hung and now - started < SCRIPT_TIMEOUT_S:
