@@ -9,7 +9,7 @@ import gc
 import logging
 import mmap
 import os
-import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,13 +17,11 @@ import zlib
 from collections import OrderedDict
 from pathlib import Path
 
-import hypothesis.extra.numpy as hnp
-import hypothesis.strategies as st
 import numpy as np
 import pytest
-from hypothesis import given
 
 import npyfeed
+from _sandbox import run_on_ramfs, run_unprivileged, shared_dir
 
 MODES = ("auto", "mmap", "read", "direct")
 VERSIONS = [(1, 0), (2, 0), (3, 0)]
@@ -157,33 +155,7 @@ def test_matrix_writes_fortran_order(matrix_file):
     assert npyfeed.load(path).flags.f_contiguous and not npyfeed.load(path).flags.c_contiguous
 
 
-_LONGDOUBLE_BITS = np.dtype("g").itemsize * 8
-_SCALARS = (hnp.scalar_dtypes() | hnp.floating_dtypes(sizes=(_LONGDOUBLE_BITS,))
-            | hnp.byte_string_dtypes(max_len=6) | hnp.unicode_string_dtypes(max_len=4))
-_DTYPES = (_SCALARS
-           | hnp.array_dtypes(_SCALARS, max_size=4, allow_subarrays=True)
-           | hnp.nested_dtypes(_SCALARS, max_leaves=6, max_itemsize=128))
-
-
-@pytest.fixture(scope="module")
-def hypothesis_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("hypothesis")
-
-
-@given(array=hnp.arrays(_DTYPES, hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)),
-       fortran=st.booleans(), version=st.sampled_from(VERSIONS), mode=st.sampled_from(MODES))
-def test_property_matches_np_load(hypothesis_dir, array, fortran, version, mode, write_npy, assert_same_as_np_load):
-    if fortran:
-        array = np.asfortranarray(array)
-    path = hypothesis_dir / "example.npy"
-    # A new inode every time: an array still mapped from an earlier example must never see the file change.
-    path.unlink(missing_ok=True)
-    try:
-        write_npy(path, array, version)
-    except UnicodeEncodeError:  # field names that 1.0/2.0 (latin-1) cannot hold: that is what 3.0 is for
-        path.unlink()
-        write_npy(path, array, (3, 0))
-    assert_same_as_np_load(npyfeed.load(path, mode=mode), path)
+# Property tests (hypothesis) are in test_properties.py.
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -353,31 +325,20 @@ def test_direct_falls_back_on_tmpfs(shm_path, caplog, size, write_npy, assert_sa
     assert str(path) in warnings[0].getMessage() and "O_DIRECT" in warnings[0].getMessage()
 
 
-_RAMFS_SCRIPT = textwrap.dedent("""
-    import ctypes, logging, os, sys
+_RAMFS_SCRIPT = """
+    import logging
     import numpy as np
     import npyfeed
 
-    mountpoint = sys.argv[1]
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mount(b"none", mountpoint.encode(), b"ramfs", 0, None) != 0:
-        print("cannot mount ramfs:", os.strerror(ctypes.get_errno()))
-        sys.exit(77)
     records = []
     handler = logging.Handler()
     handler.emit = records.append
     logging.getLogger("npyfeed").addHandler(handler)
     paths = []
     for i, shape in enumerate([(10, 3), (5 << 20,)]):  # small, and chunked (40 MB)
-        path = os.path.join(mountpoint, f"{i}.npy")
+        path = os.path.join(sys.argv[1], f"{i}.npy")
         np.save(path, np.arange(np.prod(shape), dtype="<f8").reshape(shape))
         paths.append(path)
-    try:
-        os.close(os.open(paths[0], os.O_RDONLY | os.O_DIRECT))
-        print("ramfs accepted O_DIRECT")
-        sys.exit(77)
-    except OSError:
-        pass
     for array, path in zip(npyfeed.load_many(paths, mode="direct", threads=3), paths):
         expected = np.load(path)
         assert array.dtype == expected.dtype and array.shape == expected.shape, path
@@ -388,20 +349,14 @@ _RAMFS_SCRIPT = textwrap.dedent("""
     for path, message in zip(paths, messages):
         assert path in message and "O_DIRECT" in message, message
     print("fallback ok")
-""")
+"""
 
 
 def test_direct_falls_back_on_ramfs(tmp_path):
-    # ramfs refuses O_DIRECT on every kernel; mount one in a private user+mount namespace.
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare(1)")
+    # ramfs refuses O_DIRECT on every kernel; mounted in a private user+mount namespace.
     mountpoint = tmp_path / "ramfs"
     mountpoint.mkdir()
-    proc = subprocess.run(
-        ["unshare", "--user", "--map-root-user", "--mount", sys.executable, "-c", _RAMFS_SCRIPT, str(mountpoint)],
-        capture_output=True, text=True, timeout=120)
-    if proc.returncode == 77 or "unshare failed" in proc.stderr or "unshare:" in proc.stderr:
-        pytest.skip(f"cannot mount a ramfs here: {proc.stdout.strip()} {proc.stderr.strip()}")
+    proc = run_on_ramfs(_RAMFS_SCRIPT, mountpoint)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "fallback ok" in proc.stdout
 
@@ -496,6 +451,7 @@ def test_load_factor_files_bad_file_leaves_dict_untouched(factor_files, kind, po
 
 
 def test_load_factor_files_progress(factor_files, capsys):
+    pytest.importorskip("tqdm")
     store = npyfeed.load_factor_files(factor_files, {}, progress=True)
     assert len(store) == 3
     err = capsys.readouterr().err
@@ -575,6 +531,7 @@ def test_thread_count_used(tmp_path, env, threads, expected, write_npy):
 
 
 def test_progress_bar_on_stderr(large_files, capsys, assert_same_as_np_load):
+    pytest.importorskip("tqdm")
     path = large_files["f8-C-67MB"]
     arrays = npyfeed.load_many([path, path], progress=True, threads=2)
     assert_same_as_np_load(arrays[1], path)
@@ -587,8 +544,19 @@ def test_progress_bar_on_stderr(large_files, capsys, assert_same_as_np_load):
 def test_no_progress_by_default(tmp_path, capfd, write_npy):
     path = write_npy(tmp_path / "a.npy", np.arange(5))
     npyfeed.load_many([path])
+    npyfeed.load_factor_files([path])
     out, err = capfd.readouterr()
     assert out == "" and err == ""
+
+
+def test_progress_without_tqdm_says_what_to_install(tmp_path, monkeypatch, write_npy):
+    path = write_npy(tmp_path / "a.npy", np.arange(5))
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # as if it were not installed
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    for load in (npyfeed.load_many, npyfeed.load_factor_files):
+        with pytest.raises(ImportError, match=r"npyfeed\[progress\]"):
+            load([path], progress=True)
+    assert npyfeed.load_factor_files([path])["a"].tolist() == list(range(5))  # the default needs no tqdm
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -671,3 +639,59 @@ def test_load_many_names_the_failing_file(tmp_path, mode, write_npy):
     with pytest.raises(npyfeed.NpyFormatError) as excinfo:
         npyfeed.load_many(good[:2] + [bad] + good[2:], mode=mode)
     assert excinfo.value.path == str(bad)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_socket_is_refused(tmp_path, mode):
+    path = tmp_path / "s.npy"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen()
+        with pytest.raises(OSError) as excinfo:
+            npyfeed.load(path, mode=mode)
+        assert excinfo.value.errno == errno.ENXIO and excinfo.value.filename == str(path)
+        with pytest.raises(OSError):
+            npyfeed.read_header(path)
+
+
+# Imported before the child drops root (this Python may live where user nobody cannot read).
+_UNPRIVILEGED_IMPORTS = """
+    import errno
+    import numpy as np
+    import npyfeed
+"""
+
+_UNPRIVILEGED_LOADS = """
+    readable, unreadable = sys.argv[1:3]
+    # The control: this user cannot open the files for writing, so an open that is not read-only would fail.
+    try:
+        os.open(readable, os.O_RDWR)
+        sys.exit("opened a 0444 file for writing")
+    except PermissionError:
+        pass
+    expected = np.load(readable)
+    for mode in ("auto", "mmap", "read", "direct"):
+        assert npyfeed.load(readable, mode=mode).tobytes() == expected.tobytes(), mode
+        for call in (lambda: npyfeed.load(unreadable, mode=mode),
+                     lambda: npyfeed.load_many([readable, unreadable], mode=mode),
+                     lambda: npyfeed.read_header(unreadable)):
+            try:
+                call()
+                sys.exit(f"{mode}: no error for a chmod 000 file")
+            except PermissionError as e:
+                assert e.errno == errno.EACCES and e.filename == unreadable and unreadable in str(e), (mode, e)
+    print("ok")
+"""
+
+
+def test_read_only_and_unreadable_files_as_an_unprivileged_user(write_npy):
+    # Files are opened read-only (a 0444 file loads in every mode), and a chmod 000 file is a PermissionError
+    # naming it; run as user nobody, since root may read and write any file.
+    with shared_dir() as directory:
+        readable = write_npy(directory / "readable.npy", sample_array("<f8", (300, 7)))
+        unreadable = write_npy(directory / "unreadable.npy", np.arange(10))
+        os.chmod(readable, 0o444)
+        os.chmod(unreadable, 0o000)
+        proc = run_unprivileged(_UNPRIVILEGED_LOADS, readable, unreadable, imports=_UNPRIVILEGED_IMPORTS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1:] == ["ok"], proc.stdout

@@ -2,11 +2,12 @@
 
 In this process: element specs, values equal to ``src.batches`` and to numpy slicing, a new epoch per pass,
 `drop_remainder`, sharding by a hand-made ``tf.distribute.InputContext``, prefetch to a device, held batches not
-overwritten, the zero-copy hand-off of aligned buffers, abandoning a pass. In fresh interpreters (a few at
-a time, each killed after SCRIPT_TIMEOUT_S, so that a deadlock fails instead of hanging the suite): ``import npyfeed``
-without TensorFlow, scripts that stop early and exit (Keras ``fit`` with ``steps_per_epoch`` on a repeated
-dataset, ``for ...: break``, a gather in flight at exit, Ctrl-C), subnormals through a gather started from
-TensorFlow's thread, and ``MirroredStrategy`` over two logical CPUs.
+overwritten, the zero-copy hand-off (every tensor's buffer is the batch the generator yielded), abandoning a
+pass. In fresh interpreters (a few at a time, each killed after SCRIPT_TIMEOUT_S, so that a deadlock fails instead
+of hanging the suite): ``import npyfeed`` without TensorFlow, scripts that stop early and exit (Keras ``fit`` with
+``steps_per_epoch`` on a repeated dataset, ``for ...: break``, a gather in flight at exit, Ctrl-C), the control
+that shows the exit deadlock without the exit hook (expected to hang, killed after HANG_S), subnormals through a
+gather started from TensorFlow's thread, ``device="/cpu:1"`` and ``MirroredStrategy`` over two logical CPUs.
 
 TensorFlow is imported by a fixture, not at collection, so that the rest of the suite runs without its threads.
 """
@@ -190,6 +191,44 @@ def test_tf_adopts_aligned_batch_buffers_without_copying(tf, src):
     assert float(tensor[0, 0, 0]) == 12345.0
 
 
+class _Recording:
+    """`src`, recording every batch its iterators hand to TensorFlow's generator."""
+
+    def __init__(self, src):
+        self._src = src
+        self.yielded = []
+
+    def __getattr__(self, name):
+        return getattr(self._src, name)
+
+    def batches(self, *args, **kwargs):
+        def gen():
+            with self._src.batches(*args, **kwargs) as it:
+                for batch in it:
+                    self.yielded.append(batch)
+                    yield batch
+        return gen()
+
+
+def _address(array) -> int:
+    """Address of the first element: of a tensor, through ``np.asarray`` (a view of its buffer on the CPU)."""
+    return np.asarray(array).__array_interface__["data"][0]
+
+
+def test_batches_reach_tensorflow_without_a_copy(tf, src):
+    # Through npyfeed.tf.dataset: every tensor's buffer is the very batch the generator yielded.
+    recording = _Recording(src)
+    tensors = list(npyfeed.tf.dataset(recording, 8, shuffle=True))  # all held: no buffer is reused
+    assert len(tensors) == len(recording.yielded) == -(-SAMPLES // 8)
+    for (x, y), (x_np, y_np) in zip(tensors, recording.yielded):
+        assert x_np.ctypes.data % 64 == 0 and y_np.ctypes.data % 64 == 0
+        assert _address(x) == x_np.ctypes.data and _address(y) == y_np.ctypes.data
+        np.testing.assert_array_equal(x.numpy(), x_np, strict=True)
+    # The check can fail: a copy of a batch is a tensor at another address.
+    copied = next(iter(tf.data.Dataset.from_tensors(recording.yielded[0][0]).map(lambda t: t + 0)))
+    assert _address(copied) != recording.yielded[0][0].ctypes.data
+
+
 def test_an_error_in_a_gather_reaches_the_loop(tf, src):
     class Failing:  # a source whose third batch fails, as a file truncated under it would
         def __getattr__(self, name):
@@ -243,13 +282,11 @@ def test_input_context_batch_size_must_split_over_replicas(tf, src):
         npyfeed.tf.dataset(src, 7, input_context=_context(tf, 0))
 
 
-def test_prefetch_to_device(tf, src):
+def test_prefetch_to_device_values(tf, src):
+    # The values through prefetch_to_device; that `device` is honoured is checked on a second logical CPU in
+    # test_prefetch_to_a_second_cpu (the first CPU is where every tensor lands anyway).
     ds = npyfeed.tf.dataset(src, 8, shuffle=True, device="/cpu:0")
-    batches = []
-    for x, y in ds:
-        assert x.device.endswith("CPU:0")
-        batches.append((x.numpy(), y.numpy()))
-    _assert_batches_equal(batches, list(src.batches(8, shuffle=True)))
+    _assert_batches_equal(_tf_pass(ds), list(src.batches(8, shuffle=True)))
 
 
 @pytest.mark.parametrize("kwargs, error", [
@@ -302,6 +339,41 @@ index, factors, labels = _make_arrays()
 src = npyfeed.WindowSource.from_arrays(index, factors, labels, {WINDOW})
 """
 
+# A source whose gathers take two seconds (GIL released, like a cold disk): the script exits while TensorFlow's
+# thread is inside the generator (the second call, which starts as soon as the first batch is handed over).
+# That thread wants the GIL back after finalization has begun, which CPython never grants, and the main thread
+# waits for it in the prefetch iterator's destructor: without the exit hook this deadlocks.
+_GATHER_IN_FLIGHT_AT_EXIT = """
+    import atexit
+    import npyfeed.tf
+    if DISABLE_HOOK:
+        atexit.unregister(npyfeed.tf._stop_all_feeds)
+
+    in_flight = threading.Event()
+
+    class Slow:
+        def __init__(self, src): self._src = src
+        def __getattr__(self, name): return getattr(self._src, name)
+        def batches(self, *args, **kwargs):
+            it = self._src.batches(*args, **kwargs)
+            calls = []
+            class Batches:
+                def __iter__(self): return self
+                def __next__(self):
+                    calls.append(1)
+                    if len(calls) == 2:
+                        in_flight.set()
+                    time.sleep(2.0)
+                    return next(it)
+                def close(self): it.close()
+            return Batches()
+
+    it = iter(npyfeed.tf.dataset(Slow(src), 4))
+    next(it)
+    assert in_flight.wait(60), "TensorFlow never asked for a second batch"
+    print("ok", flush=True)
+"""
+
 _SCRIPTS = {
     "import_without_tensorflow": """
         src.get([0, 1]); list(src.batches(8))
@@ -323,29 +395,10 @@ _SCRIPTS = {
             break
         print("ok")
     """,
-    # A source whose gathers take a second (GIL released, like a cold disk): the exit comes while TensorFlow's
-    # thread is inside the generator. Without the exit hook this deadlocks.
-    "exit_with_gather_in_flight": """
-        import npyfeed.tf
-
-        class Slow:
-            def __init__(self, src): self._src = src
-            def __getattr__(self, name): return getattr(self._src, name)
-            def batches(self, *args, **kwargs):
-                it = self._src.batches(*args, **kwargs)
-                class Batches:
-                    def __iter__(self): return self
-                    def __next__(self):
-                        time.sleep(1.0)
-                        return next(it)
-                    def close(self): it.close()
-                return Batches()
-
-        it = iter(npyfeed.tf.dataset(Slow(src), 4))
-        next(it)
-        time.sleep(0.3)
-        print("ok")
-    """,
+    "exit_with_gather_in_flight": _GATHER_IN_FLIGHT_AT_EXIT.replace("DISABLE_HOOK", "False"),
+    # The control: without the exit hook the same script deadlocks at exit (expected to hang, see
+    # test_without_the_exit_hook_exit_deadlocks), so test_stopping_early_and_exiting_does_not_hang tests the hook.
+    "exit_with_gather_in_flight_without_hook": _GATHER_IN_FLIGHT_AT_EXIT.replace("DISABLE_HOOK", "True"),
     "exit_after_ctrl_c": """
         import _thread, signal
         import npyfeed.tf
@@ -367,6 +420,25 @@ _SCRIPTS = {
         assert (x == np.float64(tiny)).all() and (y == np.float64(tiny)).all(), x.ravel()[:4]
         x, y = sub.get([0, 1])
         assert (x == np.float64(tiny)).all(), x.ravel()[:4]
+        print("ok")
+    """,
+    # Two logical CPUs (configured before TensorFlow initialises): device="/cpu:1" must put the batches there.
+    "prefetch_to_a_second_cpu": """
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        import npyfeed.tf
+        batches = []
+        for x, y in npyfeed.tf.dataset(src, 8, shuffle=True, device="/cpu:1"):
+            assert x.device.endswith("CPU:1") and y.device.endswith("CPU:1"), (x.device, y.device)
+            batches.append((x.numpy(), y.numpy()))
+        expected = list(src.batches(8, shuffle=True))
+        assert len(batches) == len(expected) == 5
+        for (x, y), (ex, ey) in zip(batches, expected):
+            assert x.dtype == ex.dtype and np.array_equal(x, ex) and np.array_equal(y, ey)
+        # The check can fail: without device= the batches land on the first CPU.
+        x, _ = next(iter(npyfeed.tf.dataset(src, 8)))
+        assert x.device.endswith("CPU:0"), x.device
         print("ok")
     """,
     "mirrored_strategy": """
@@ -397,27 +469,45 @@ _SCRIPTS = {
 }
 
 
+#: Scripts that must still be running `HANG_S` after they printed "ok" (began to exit); they are then killed.
+_EXPECTED_TO_HANG = {"exit_with_gather_in_flight_without_hook"}
+HANG_S = 20
+_HUNG = "hung"
+
+
 class _Scripts:
     """Runs the scripts in fresh interpreters, `parallel` at a time (TensorFlow's start-up dominates), each
-    killed `SCRIPT_TIMEOUT_S` after its own start."""
+    killed `SCRIPT_TIMEOUT_S` after its own start (or `HANG_S` after its exit began, if expected to hang)."""
 
     def __init__(self, directory, parallel: int = 3):
         self._directory = directory
         self._parallel = parallel
         self._waiting = list(_SCRIPTS)  # in order of the tests below, which is also the order of need
         self._running = {}  # name -> (Popen, start time)
-        self._done = {}  # name -> (returncode or None if killed, stdout, stderr)
+        self._exiting = {}  # name -> when it was first seen to have printed "ok" (expected hangs only)
+        self._done = {}  # name -> (returncode, None if killed or _HUNG, stdout, stderr)
+
+    def _status(self, name, proc, started):
+        """The script's final status, or False while it runs on."""
+        status = proc.poll()
+        if status is not None:
+            return status
+        now = time.monotonic()
+        exiting = name in _EXPECTED_TO_HANG and self._read(name, "out").splitlines()[-1:] == ["ok"]
+        if exiting and name not in self._exiting:
+            self._exiting[name] = now
+        hung = name in self._exiting and now - self._exiting[name] >= HANG_S
+        if not hung and now - started < SCRIPT_TIMEOUT_S:
+            return False
+        proc.kill()
+        proc.wait()
+        return _HUNG if hung else None
 
     def _poll(self) -> None:
         for name, (proc, started) in list(self._running.items()):
-            if proc.poll() is None and time.monotonic() - started < SCRIPT_TIMEOUT_S:
+            status = self._status(name, proc, started)
+            if status is False:
                 continue
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-                status = None
-            else:
-                status = proc.returncode
             del self._running[name]
             self._done[name] = (status, *(self._read(name, s) for s in ("out", "err")))
         while self._waiting and len(self._running) < self._parallel:
@@ -432,17 +522,28 @@ class _Scripts:
     def _read(self, name, stream) -> str:
         return (self._directory / f"{name}.{stream}").read_text()
 
-    def result(self, name):
-        """Waits for script `name`; returns its stderr, failing the test unless it printed "ok" and exited 0."""
+    def _wait(self, name):
         while name not in self._done:
             self._poll()
             time.sleep(0.05)
-        status, out, err = self._done[name]
+        return self._done[name]
+
+    def result(self, name):
+        """Waits for script `name`; returns its stderr, failing the test unless it printed "ok" and exited 0."""
+        status, out, err = self._wait(name)
         if status is None:
             pytest.fail(f"{name}: no exit within {SCRIPT_TIMEOUT_S} s (deadlock?)\nstdout:\n{out}\nstderr:\n{err[-4000:]}")
         assert status == 0, f"{name}: exit status {status}\nstdout:\n{out}\nstderr:\n{err[-4000:]}"
         assert out.splitlines()[-1:] == ["ok"], out
         return err
+
+    def hang(self, name) -> None:
+        """Waits for script `name`; fails the test unless it printed "ok" and then hung (it is killed)."""
+        status, out, err = self._wait(name)
+        assert out.splitlines()[-1:] == ["ok"], f"{name}: exit status {status}\nstdout:\n{out}\nstderr:\n{err[-4000:]}"
+        assert status == _HUNG, (f"{name}: exited ({status}) within {HANG_S} s instead of deadlocking: the exit "
+                                 f"deadlock no longer reproduces, so the exit-hook tests do not test the hook"
+                                 f"\nstderr:\n{err[-4000:]}")
 
     def close(self) -> None:
         for proc, _ in self._running.values():
@@ -468,8 +569,18 @@ def test_stopping_early_and_exiting_does_not_hang(scripts, name):
     assert "Traceback" not in err
 
 
+def test_without_the_exit_hook_exit_deadlocks(scripts):
+    # The control for exit_with_gather_in_flight: the same script with the hook unregistered is still running
+    # HANG_S after it began to exit (TensorFlow's deadlock), and is killed.
+    scripts.hang("exit_with_gather_in_flight_without_hook")
+
+
 def test_subnormals_survive_a_gather_from_tensorflow(scripts):
     scripts.result("subnormals_survive_a_gather_from_tensorflow")
+
+
+def test_prefetch_to_a_second_cpu(scripts):
+    scripts.result("prefetch_to_a_second_cpu")
 
 
 def test_mirrored_strategy_sees_every_sample_once_per_epoch(scripts):

@@ -1,0 +1,56 @@
+"""The README's API section against the code: every keyword argument it writes with a literal value, for a
+parameter that has a default, shows that default (a user copying the line gets the documented behaviour)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import npyfeed
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+# The calls the API section presents as signatures (elsewhere calls are examples with chosen values).
+SIGNATURES = {
+    "npyfeed.load_many": npyfeed.load_many,
+    "npyfeed.load_factor_files": npyfeed.load_factor_files,
+    "npyfeed.WindowSource": npyfeed.WindowSource,
+}
+
+
+def _api_blocks() -> list:
+    """The python code blocks of the README's "## API" section, parsed."""
+    text = README.read_text(encoding="utf-8")
+    section = re.search(r"^## API\n(.*?)^## ", text, re.S | re.M).group(1)
+    return [ast.parse(block) for block in re.findall(r"```python\n(.*?)```", section, re.S)]
+
+
+def _calls(name: str) -> list:
+    """The API section's calls of `name`, as ast.Call nodes."""
+    return [node for tree in _api_blocks() for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == name]
+
+
+@pytest.mark.parametrize("name", list(SIGNATURES))
+def test_readme_shows_the_defaults(name):
+    calls = _calls(name)
+    assert calls, f"the README no longer shows {name}(...)"
+    parameters = inspect.signature(SIGNATURES[name]).parameters
+    checked = 0
+    for call in calls:
+        for keyword in call.keywords:
+            assert keyword.arg in parameters, f"README: {name}(..., {keyword.arg}=...) is not a parameter"
+            default = parameters[keyword.arg].default
+            if default is inspect.Parameter.empty:
+                continue  # a required argument, given an example value
+            try:
+                shown = ast.literal_eval(keyword.value)
+            except ValueError:
+                continue  # a variable
+            assert shown == default, f"README: {name}(..., {keyword.arg}={shown!r}); the code's default is {default!r}"
+            checked += 1
+    assert checked > 0
