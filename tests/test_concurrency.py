@@ -362,10 +362,6 @@ class _NotKeyboardInterrupt(AssertionError):
     pass
 
 
-@pytest.mark.xfail(strict=True, raises=_NotKeyboardInterrupt, reason=(
-    "csrc/bindings/module.cpp: a SIGINT during a load's last (or only) 50 ms wait is not handled by "
-    "wait_interruptibly; it fires inside numpy's descr_to_dtype while the results are wrapped, and dtype_of reports "
-    "the KeyboardInterrupt as NpyFormatError('invalid dtype descr: ') naming a good file"))
 def test_ctrl_c_during_a_short_load_is_a_keyboard_interrupt(tmp_path, write_npy):
     path = write_npy(tmp_path / "mid.npy", np.arange(3 * MiB, dtype="<f8"))  # 24 MiB: a few ms
     proc = subprocess.run([sys.executable, "-c", _INTERRUPT_SHORT_LOADS, str(path)], capture_output=True, text=True,

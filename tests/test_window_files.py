@@ -246,6 +246,9 @@ _FALLBACK_WARNING = """
     assert_all_samples(open_source(root, "direct"), entries, factors, labels)
     messages = [r.getMessage() for r in records if r.levelno == logging.WARNING]
     print("warned" if any("O_DIRECT" in m and str(root) in m for m in messages) else "silent", messages)
+    src = open_source(root, "direct")
+    assert src.direct_fallback and all(str(root) in p for p in src.direct_fallback), src.direct_fallback
+    assert open_source(root, "read").direct_fallback == ()
 """
 
 
@@ -253,9 +256,6 @@ class _NoWarning(AssertionError):
     pass
 
 
-@pytest.mark.xfail(strict=True, raises=_NoWarning, reason=(
-    "WindowSource falls back from O_DIRECT silently: the C++ source records it (ArraySource::direct_refused) but "
-    "the binding does not report it, unlike load/load_many (the README's mode table says so)"))
 def test_direct_fallback_warns(tmp_path):
     mountpoint = tmp_path / "ramfs"
     mountpoint.mkdir()

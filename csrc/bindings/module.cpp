@@ -197,6 +197,9 @@ void wait_interruptibly(const std::shared_ptr<Job>& job, const std::function<voi
     if (on_tick) on_tick();
   }
   job->rethrow_if_failed();
+  // A Ctrl-C during the last wait: raise it now, not from whatever Python code runs next (numpy's dtype
+  // parsing while the results are wrapped).
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
 }
 
 py::dict header_dict(const NpyHeader& h, const std::string& path, std::uint64_t file_size) {
@@ -471,6 +474,7 @@ PYBIND11_MODULE(_core, m) {
   py::class_<WindowSource, std::shared_ptr<WindowSource>>(m, "WindowSourceCore")
       .def("__len__", &WindowSource::size)
       .def_property_readonly("skipped", &WindowSource::skipped)
+      .def_property_readonly("direct_fallbacks", &WindowSource::direct_fallbacks)
       .def_property_readonly("x_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.x_shape())); })
       .def_property_readonly("y_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.y_shape())); })
       .def("describe", &WindowSource::describe)

@@ -74,6 +74,9 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   const WindowOptions& options() const noexcept { return options_; }
   /// For sample i (after skipping): its index file line, key, feature and label index.
   std::string describe(std::size_t sample) const;
+  /// Files whose O_DIRECT reads the filesystem refused, read with buffered reads instead (so far: a refusal
+  /// can also come at the first read).
+  std::vector<std::string> direct_fallbacks() const;
 
   /// Throws IndexOutOfRange naming the first id outside [0, size()).
   void check_ids(const std::vector<std::int64_t>& sample_ids) const;

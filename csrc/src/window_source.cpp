@@ -235,6 +235,16 @@ std::string WindowSource::describe(std::size_t sample) const {
          ", label_index " + std::to_string(s.label);
 }
 
+std::vector<std::string> WindowSource::direct_fallbacks() const {
+  std::vector<std::string> names;
+  for (const auto* sources : {&factors_, &labels_}) {
+    for (const ArraySource& source : *sources) {
+      if (source.reader && source.reader->fell_back()) names.push_back(source.name());
+    }
+  }
+  return names;
+}
+
 void WindowSource::check_ids(const std::vector<std::int64_t>& sample_ids) const {
   for (std::int64_t id : sample_ids) {
     if (id < 0 || static_cast<std::uint64_t>(id) >= samples_.size()) {

@@ -7,6 +7,7 @@ contiguous, 64-byte-aligned buffer per batch.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Iterable, Iterator, Mapping, Sequence
 
@@ -15,6 +16,8 @@ import numpy as np
 from . import _core
 from ._threads import resolve_threads
 from .loading import _fspath, _native, _resolve_mode
+
+log = logging.getLogger("npyfeed")
 
 __all__ = ["WindowSource", "BatchIterator", "BOUNDS"]
 
@@ -101,6 +104,7 @@ class WindowSource:
                                        nthreads, max_header_size)
         self._init(core, index, window, out_dtype, core_mode, nthreads)
         self._files = tuple(factor_paths + label_paths)
+        self._warn_direct_fallback()
 
     @classmethod
     def from_arrays(cls, index, factors: Mapping, labels: Mapping, window: int, *, threads: int | None = None,
@@ -142,6 +146,7 @@ class WindowSource:
         self._core = core
         self._index = index
         self._files = ()
+        self._warned_fallbacks = 0
         self.window = window
         self.dtype = dtype
         self.mode = mode
@@ -150,6 +155,23 @@ class WindowSource:
     # -- description ---------------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self._core)
+
+    @property
+    def direct_fallback(self) -> tuple:
+        """With ``mode="direct"``: the files whose O_DIRECT reads the filesystem refused (tmpfs before Linux 6.6,
+        ramfs, some FUSE), which are read with buffered reads instead; empty when O_DIRECT works. A refusal can
+        come at open or at a file's first read: a warning on the ``npyfeed`` logger names the first such file,
+        at construction or at the end of the epoch that met it."""
+        return tuple(self._core.direct_fallbacks) if self.mode == "direct" else ()
+
+    def _warn_direct_fallback(self) -> None:
+        if self.mode != "direct":
+            return
+        fell = self._core.direct_fallbacks
+        if len(fell) > self._warned_fallbacks:
+            self._warned_fallbacks = len(fell)
+            log.warning("npyfeed: O_DIRECT refused for %s (%d of %d files); WindowSource(mode='direct') reads them "
+                        "with buffered reads", fell[0], len(fell), len(self._files))
 
     @property
     def files(self) -> tuple:
@@ -281,6 +303,7 @@ class BatchIterator(Iterator):
             batch = self._stream.__next__()
         except StopIteration:
             self.close()
+            self._source._warn_direct_fallback()
             raise
         self._remaining -= 1
         return batch
