@@ -545,6 +545,12 @@ class _Scripts:
                                  f"deadlock no longer reproduces, so the exit-hook tests do not test the hook"
                                  f"\nstderr:\n{err[-4000:]}")
 
+    def rerun(self, name) -> None:
+        """Runs script `name` once more, next (its earlier result is dropped)."""
+        self._done.pop(name, None)
+        self._exiting.pop(name, None)
+        self._waiting.insert(0, name)
+
     def close(self) -> None:
         for proc, _ in self._running.values():
             proc.kill()
@@ -571,8 +577,17 @@ def test_stopping_early_and_exiting_does_not_hang(scripts, name):
 
 def test_without_the_exit_hook_exit_deadlocks(scripts):
     # The control for exit_with_gather_in_flight: the same script with the hook unregistered is still running
-    # HANG_S after it began to exit (TensorFlow's deadlock), and is killed.
-    scripts.hang("exit_with_gather_in_flight_without_hook")
+    # HANG_S after it began to exit (TensorFlow's deadlock), and is killed. Whether the in-flight call meets
+    # finalization is a matter of timing on a loaded machine (one run in a few dozen got past it): one hang in up
+    # to 3 attempts is the proof.
+    for attempt in range(3):
+        try:
+            scripts.hang("exit_with_gather_in_flight_without_hook")
+            return
+        except AssertionError:
+            if attempt == 2:
+                raise
+            scripts.rerun("exit_with_gather_in_flight_without_hook")
 
 
 def test_subnormals_survive_a_gather_from_tensorflow(scripts):
