@@ -33,10 +33,14 @@ py::str os_text(const std::string& s) {
 py::object literal_to_python(const detail::PyLiteral& v) {
   using K = detail::PyLiteral::Kind;
   switch (v.kind) {
-    case K::kNone: return py::none();
-    case K::kBool: return py::bool_(v.boolean);
-    case K::kInt: return py::int_(v.integer);
-    case K::kStr: return py::str(v.str);
+    case K::kNone:
+      return py::none();
+    case K::kBool:
+      return py::bool_(v.boolean);
+    case K::kInt:
+      return py::int_(v.integer);
+    case K::kStr:
+      return py::str(v.str);
     case K::kTuple: {
       py::tuple t(v.items.size());
       for (std::size_t i = 0; i < v.items.size(); ++i) t[i] = literal_to_python(v.items[i]);
@@ -49,7 +53,8 @@ py::object literal_to_python(const detail::PyLiteral& v) {
     }
     case K::kDict: {
       py::dict d;
-      for (std::size_t i = 0; i + 1 < v.items.size(); i += 2) d[literal_to_python(v.items[i])] = literal_to_python(v.items[i + 1]);
+      for (std::size_t i = 0; i + 1 < v.items.size(); i += 2)
+        d[literal_to_python(v.items[i])] = literal_to_python(v.items[i + 1]);
       return d;
     }
   }
@@ -91,8 +96,9 @@ std::size_t numpy_max_dims() {
 // The numpy dtype of a header, checked against what the running numpy can make of it.
 py::dtype checked_dtype(const NpyHeader& h, const std::string& path) {
   if (h.shape.size() > numpy_max_dims()) {
-    throw NpyFormatError(path, 0, "too many dimensions: " + std::to_string(h.shape.size()) +
-                                      " (this numpy allows " + std::to_string(numpy_max_dims()) + ")");
+    throw NpyFormatError(path, 0,
+                         "too many dimensions: " + std::to_string(h.shape.size()) + " (this numpy allows " +
+                             std::to_string(numpy_max_dims()) + ")");
   }
   return dtype_of(h, path);
 }
@@ -215,7 +221,8 @@ py::dict header_dict(const NpyHeader& h, const std::string& path, std::uint64_t 
 }
 
 py::list load_many(const std::vector<std::string>& paths, const std::string& mode, std::size_t threads,
-                   std::size_t max_header_size, bool populate, const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+                   std::size_t max_header_size, bool populate,
+                   const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
   LoadOptions options;
   options.mode = parse_read_mode(mode);
   options.threads = threads;
@@ -261,8 +268,8 @@ py::tuple warm_files(const std::vector<std::string>& paths, std::size_t threads,
 
 // A (count, *shape) float array over an owned buffer; the capsule keeps the buffer alive (and returns it
 // to its pool only when numpy, and anything that adopted the memory, has let go).
-py::array wrap_batch(const std::shared_ptr<AlignedBuffer>& buffer, std::size_t count, const std::vector<std::int64_t>& shape,
-                     std::uint32_t out_size) {
+py::array wrap_batch(const std::shared_ptr<AlignedBuffer>& buffer, std::size_t count,
+                     const std::vector<std::int64_t>& shape, std::uint32_t out_size) {
   std::vector<py::ssize_t> full{static_cast<py::ssize_t>(count)};
   full.insert(full.end(), shape.begin(), shape.end());
   auto* owner = new std::shared_ptr<AlignedBuffer>(buffer);
@@ -275,8 +282,8 @@ std::vector<std::int64_t> int64_vector(const py::array_t<std::int64_t, py::array
   return std::vector<std::int64_t>(a.data(), a.data() + a.size());
 }
 
-WindowOptions window_options(std::int64_t window, const std::string& dtype, const std::string& bounds, const std::string& mode,
-                             std::size_t threads, std::size_t max_header_size) {
+WindowOptions window_options(std::int64_t window, const std::string& dtype, const std::string& bounds,
+                             const std::string& mode, std::size_t threads, std::size_t max_header_size) {
   WindowOptions o;
   o.window = window;
   o.out_size = parse_out_dtype(dtype);
@@ -289,10 +296,11 @@ WindowOptions window_options(std::int64_t window, const std::string& dtype, cons
 
 class PyBatchStream {
  public:
-  PyBatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size,
-                bool drop_remainder, std::size_t prefetch, std::size_t start_batch)
-      : source_(source), stream_(std::make_unique<BatchStream>(std::move(source), std::move(order), batch_size, drop_remainder,
-                                                               prefetch, start_batch)) {}
+  PyBatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size, bool drop_remainder,
+                std::size_t prefetch, std::size_t start_batch)
+      : source_(source),
+        stream_(std::make_unique<BatchStream>(std::move(source), std::move(order), batch_size, drop_remainder, prefetch,
+                                              start_batch)) {}
   ~PyBatchStream() {
     // Waiting for read-ahead in flight takes a few ms; during interpreter exit keep the GIL for it
     // (this may be a thread that could not take it back).
@@ -332,9 +340,11 @@ class PyBatchStream {
 
 std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::vector<std::string>& factor_paths,
                                                 const std::vector<std::string>& label_paths, std::int64_t window,
-                                                const std::string& dtype, const std::string& bounds, const std::string& mode,
-                                                std::size_t threads, std::size_t max_header_size) {
-  auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size));
+                                                const std::string& dtype, const std::string& bounds,
+                                                const std::string& mode, std::size_t threads,
+                                                std::size_t max_header_size) {
+  auto source =
+      std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size));
   wait_interruptibly(without_gil([&] { return source->start_open(shared_pool(), factor_paths, label_paths); }));
   without_gil([&] { source->finish_open(); });
   return source;
@@ -356,14 +366,21 @@ std::shared_ptr<const void> keep_alive(const py::object& object) {
     }
     // One call per source (its arrays share one owner): the queue of pending calls is short, and a full one
     // leaks the arrays rather than block a worker.
-    Py_AddPendingCall([](void* q) { Py_DECREF(static_cast<PyObject*>(q)); return 0; }, ref);
+    Py_AddPendingCall(
+        [](void* q) {
+          Py_DECREF(static_cast<PyObject*>(q));
+          return 0;
+        },
+        ref);
   });
 }
 
 std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, const std::vector<py::array>& factors,
                                                         const std::vector<py::array>& labels, std::int64_t window,
-                                                        const std::string& dtype, const std::string& bounds, std::size_t threads) {
-  auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, "mmap", threads, kDefaultMaxHeaderSize));
+                                                        const std::string& dtype, const std::string& bounds,
+                                                        std::size_t threads) {
+  auto source = std::make_shared<WindowSource>(
+      index, window_options(window, dtype, bounds, "mmap", threads, kDefaultMaxHeaderSize));
   if (factors.size() != index.keys.size() || labels.size() != index.keys.size()) {
     throw InvalidArgument("one factor and one label array per key are needed");
   }
@@ -377,7 +394,8 @@ std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, cons
   for (std::size_t k = 0; k < index.keys.size(); ++k) {
     for (int which = 0; which < 2; ++which) {
       const py::array& a = which == 0 ? factors[k] : labels[k];
-      if (!(a.flags() & py::array::c_style)) throw InvalidArgument("arrays must be C-contiguous (the caller makes them so)");
+      if (!(a.flags() & py::array::c_style))
+        throw InvalidArgument("arrays must be C-contiguous (the caller makes them so)");
       std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
       std::string typestr = a.dtype().attr("str").cast<std::string>();
       source->set_memory_source(k, which == 1, owner, static_cast<const std::byte*>(a.data()), shape, typestr);
@@ -433,13 +451,14 @@ PYBIND11_MODULE(_core, m) {
       "parse_header_bytes",
       [](py::bytes data, std::size_t max_header_size) {
         std::string s = data;
-        NpyHeader h = parse_npy_header(std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size()),
-                                       max_header_size);
+        NpyHeader h = parse_npy_header(
+            std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size()), max_header_size);
         return header_dict(h, "<bytes>", s.size());
       },
       py::arg("data"), py::arg("max_header_size") = kDefaultMaxHeaderSize);
 
-  m.def("warm_files", &warm_files, py::arg("paths"), py::arg("threads"), py::arg("read"), py::arg("progress") = nullptr);
+  m.def("warm_files", &warm_files, py::arg("paths"), py::arg("threads"), py::arg("read"),
+        py::arg("progress") = nullptr);
   m.def("load_many", &load_many, py::arg("paths"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"),
         py::arg("populate"), py::arg("progress") = nullptr);
 
@@ -449,9 +468,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "read_index_files",
-      [](const std::vector<std::string>& paths) {
-        return without_gil([&] { return read_index_files(paths); });
-      },
+      [](const std::vector<std::string>& paths) { return without_gil([&] { return read_index_files(paths); }); },
       py::arg("paths"));
 
   m.def(
@@ -465,7 +482,8 @@ PYBIND11_MODULE(_core, m) {
         SampleIndex index;
         index.sources.push_back(name);
         for (py::ssize_t i = 0; i < feature.size(); ++i) {
-          index.add(feature.data()[i], label.data()[i], keys[static_cast<std::size_t>(i)], 0, static_cast<std::uint64_t>(i + 1));
+          index.add(feature.data()[i], label.data()[i], keys[static_cast<std::size_t>(i)], 0,
+                    static_cast<std::uint64_t>(i + 1));
         }
         return index;
       },
@@ -478,12 +496,15 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("x_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.x_shape())); })
       .def_property_readonly("y_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.y_shape())); })
       .def("describe", &WindowSource::describe)
-      .def("get", [](const std::shared_ptr<WindowSource>& s, const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& ids) {
-        auto [batch, job] = s->start_batch(shared_pool(), int64_vector(ids));
-        wait_interruptibly(job);
-        const std::uint32_t out = s->options().out_size;
-        return py::make_tuple(wrap_batch(batch.x, batch.count, s->x_shape(), out), wrap_batch(batch.y, batch.count, s->y_shape(), out));
-      })
+      .def("get",
+           [](const std::shared_ptr<WindowSource>& s,
+              const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& ids) {
+             auto [batch, job] = s->start_batch(shared_pool(), int64_vector(ids));
+             wait_interruptibly(job);
+             const std::uint32_t out = s->options().out_size;
+             return py::make_tuple(wrap_batch(batch.x, batch.count, s->x_shape(), out),
+                                   wrap_batch(batch.y, batch.count, s->y_shape(), out));
+           })
       .def("stream", [](const std::shared_ptr<WindowSource>& s, bool shuffle, std::uint64_t seed, std::uint64_t epoch,
                         std::size_t num_shards, std::size_t shard_index, std::size_t batch_size, bool drop_remainder,
                         std::size_t prefetch, std::size_t start_batch) {
@@ -497,15 +518,18 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("num_batches", &PyBatchStream::num_batches);
 
   m.def("open_window_files", &open_window_files, py::arg("index"), py::arg("factor_paths"), py::arg("label_paths"),
-        py::arg("window"), py::arg("dtype"), py::arg("bounds"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"));
-  m.def("window_source_from_arrays", &window_source_from_arrays, py::arg("index"), py::arg("factors"), py::arg("labels"),
-        py::arg("window"), py::arg("dtype"), py::arg("bounds"), py::arg("threads"));
+        py::arg("window"), py::arg("dtype"), py::arg("bounds"), py::arg("mode"), py::arg("threads"),
+        py::arg("max_header_size"));
+  m.def("window_source_from_arrays", &window_source_from_arrays, py::arg("index"), py::arg("factors"),
+        py::arg("labels"), py::arg("window"), py::arg("dtype"), py::arg("bounds"), py::arg("threads"));
   m.def(
       "epoch_order",
-      [](std::size_t n, bool shuffle, std::uint64_t seed, std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index) {
+      [](std::size_t n, bool shuffle, std::uint64_t seed, std::uint64_t epoch, std::size_t num_shards,
+         std::size_t shard_index) {
         std::vector<std::int64_t> order =
             without_gil([&] { return epoch_order(n, shuffle, seed, epoch, num_shards, shard_index); });
         return py::array_t<std::int64_t>(order.size(), order.data());
       },
-      py::arg("n"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("num_shards"), py::arg("shard_index"));
+      py::arg("n"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("num_shards"),
+      py::arg("shard_index"));
 }

@@ -24,8 +24,8 @@ class BatchStream {
   using Batch = WindowBatch;
   /// Throws InvalidArgument for a batch_size of 0, IndexOutOfRange for an explicit id outside the source.
   /// A computed order must be over the source's samples (ids are made per batch, never all at once).
-  BatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size,
-              bool drop_remainder, std::size_t prefetch, std::size_t start_batch);
+  BatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size, bool drop_remainder,
+              std::size_t prefetch, std::size_t start_batch);
   ~BatchStream();
   std::size_t num_batches() const noexcept { return num_batches_; }
   /// The job for the next batch, starting it (and the read-ahead) if needed; null at the end.

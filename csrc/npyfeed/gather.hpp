@@ -85,9 +85,9 @@ class Gather {
   void convert(const std::byte* src, const ScalarType& type, std::uint64_t elems, std::byte* dst) const;
 
   GatherInput in_;
-  std::vector<std::int64_t> ids_;         // sample ids, in batch order
-  std::vector<std::uint32_t> order_;      // batch positions grouped by key, by first row within a key
-  std::vector<std::size_t> key_begin_;    // groups (keys) in `order_`, plus an end marker
+  std::vector<std::int64_t> ids_;       // sample ids, in batch order
+  std::vector<std::uint32_t> order_;    // batch positions grouped by key, by first row within a key
+  std::vector<std::size_t> key_begin_;  // groups (keys) in `order_`, plus an end marker
   std::byte* x_;
   std::byte* y_;
 };

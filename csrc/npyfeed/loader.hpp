@@ -17,10 +17,10 @@ namespace npyfeed {
 
 struct LoadOptions {
   ReadMode mode = ReadMode::kRead;
-  std::size_t threads = 1;                 // at least 1
+  std::size_t threads = 1;  // at least 1
   std::size_t max_header_size = kDefaultMaxHeaderSize;
-  bool populate = false;                   // mmap: fault every page in now, in parallel
-  std::uint64_t chunk_bytes = 8u << 20;    // files larger than this are split across threads
+  bool populate = false;                 // mmap: fault every page in now, in parallel
+  std::uint64_t chunk_bytes = 8u << 20;  // files larger than this are split across threads
 };
 
 /// One loaded file: `data` points at `header.nbytes` bytes kept alive by `owner`.

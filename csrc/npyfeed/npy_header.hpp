@@ -33,8 +33,8 @@ struct NpyHeader {
   // (descr, shape) subarrays); a top-level (descr, shape) that np.load accepts is unwrapped to its base.
   // The `position` of each value in it is its byte offset in the file.
   detail::PyLiteral descr;
-  std::string descr_text;        // the typestr when descr is a string, else empty
-  ScalarType scalar;             // kind '\0' unless descr is a simple numeric typestr
+  std::string descr_text;  // the typestr when descr is a string, else empty
+  ScalarType scalar;       // kind '\0' unless descr is a simple numeric typestr
   std::uint64_t itemsize = 0;
   bool fortran_order = false;
   std::vector<std::int64_t> shape;

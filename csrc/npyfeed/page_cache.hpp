@@ -24,8 +24,9 @@ std::uint64_t resident_bytes(int fd, const std::string& path, std::uint64_t file
 std::uint64_t read_into_page_cache(const File& file, std::uint64_t offset, std::uint64_t length);
 
 /// Warms (or only measures) a set of files: one measuring job before, one reading job, one measuring job after.
-/// Reads go through the page cache in `chunk_bytes` pieces (read_into_page_cache); a piece whose pages are all resident already is not read (so ten processes warming the same files
-/// one after the other read each byte once). Files are opened read-only, one descriptor per running item.
+/// Reads go through the page cache in `chunk_bytes` pieces (read_into_page_cache); a piece whose pages are all resident
+/// already is not read (so ten processes warming the same files one after the other read each byte once). Files are
+/// opened read-only, one descriptor per running item.
 class CacheWarm {
  public:
   struct FileState {

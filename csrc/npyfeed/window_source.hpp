@@ -32,11 +32,11 @@ Bounds parse_bounds(const std::string& name);
 std::uint32_t parse_out_dtype(const std::string& name);
 
 struct WindowOptions {
-  std::int64_t window = 1;       // rows per sample, at least 1
-  std::uint32_t out_size = 4;    // output item size: 4 (float32) or 8 (float64)
+  std::int64_t window = 1;     // rows per sample, at least 1
+  std::uint32_t out_size = 4;  // output item size: 4 (float32) or 8 (float64)
   Bounds bounds = Bounds::kError;
   ReadMode mode = ReadMode::kMmap;  // for files (arrays in memory are read in place)
-  std::size_t threads = 1;       // gather threads, at least 1 (an O_DIRECT reader keeps more reads in flight per thread)
+  std::size_t threads = 1;  // gather threads, at least 1 (an O_DIRECT reader keeps more reads in flight per thread)
   std::size_t max_header_size = kDefaultMaxHeaderSize;
 };
 
@@ -55,7 +55,8 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
 
   /// File sources: paths per key (same order as index keys). Opening runs as a job (headers, maps);
   /// call finish_open() after it finished.
-  std::shared_ptr<Job> start_open(ThreadPool& pool, std::vector<std::string> factor_paths, std::vector<std::string> label_paths);
+  std::shared_ptr<Job> start_open(ThreadPool& pool, std::vector<std::string> factor_paths,
+                                  std::vector<std::string> label_paths);
   /// In-memory sources: `shape` and `typestr` (numpy dtype.str) of C-contiguous `data`, kept alive by
   /// `owner` as long as this source (or a gather) needs it. Throws InvalidArgument.
   void set_memory_source(std::size_t key, bool label, std::shared_ptr<const void> owner, const std::byte* data,
@@ -86,7 +87,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   /// Allocates a batch for `sample_ids` (from `buffers` when given) and starts gathering into it; the batch
   /// is complete once the job finished. Throws IndexOutOfRange for a bad id (before starting).
   std::pair<WindowBatch, std::shared_ptr<Job>> start_batch(ThreadPool& pool, std::vector<std::int64_t> sample_ids,
-                                                          BufferPool* buffers = nullptr);
+                                                           BufferPool* buffers = nullptr);
 
  private:
   void open_key(std::size_t key, const std::string& factor_path, const std::string& label_path);

@@ -65,8 +65,8 @@ File open_direct(const std::string& path, const FileIdentity& identity) {
 // An array in memory: owned elsewhere (arrays handed in), or a small file read whole at open.
 class MemoryReader final : public ArrayReader {
  public:
-  MemoryReader(std::string name, NpyHeader header, std::shared_ptr<const void> owner, const std::byte* data, bool writable,
-               bool fell_back)
+  MemoryReader(std::string name, NpyHeader header, std::shared_ptr<const void> owner, const std::byte* data,
+               bool writable, bool fell_back)
       : ArrayReader(std::move(name), std::move(header)) {
     view_ = data;
     owner_ = std::move(owner);
@@ -118,11 +118,13 @@ class FileReader : public ArrayReader {
                     std::byte* dest) const override {
     File reopened;
     const File& file = plain(reopened);
-    for (std::uint64_t k = 0; k < count; ++k) file.read_exact(dest + k * length, length, header_.data_offset + offset + k * stride);
+    for (std::uint64_t k = 0; k < count; ++k)
+      file.read_exact(dest + k * length, length, header_.data_offset + offset + k * stride);
   }
 
  protected:
-  FileReader(const File& file, NpyHeader header) : ArrayReader(file.path(), std::move(header)), identity_(file.identity()) {}
+  FileReader(const File& file, NpyHeader header)
+      : ArrayReader(file.path(), std::move(header)), identity_(file.identity()) {}
   // A buffered descriptor for one call: the kept one if it is plain, else the file opened again.
   const File& plain(File& reopened) const {
     if (file_.is_open() && !file_is_direct_) return file_;
@@ -156,7 +158,7 @@ class PreadReader final : public FileReader {
   bool probably_cached(std::uint64_t offset) const override {
     if (!file_.is_open()) return true;
     char byte;
-    struct iovec iov {&byte, 1};
+    struct iovec iov{&byte, 1};
     ssize_t got = ::preadv2(file_.fd(), &iov, 1, static_cast<off_t>(header_.data_offset + offset), RWF_NOWAIT);
     return !(got < 0 && errno == EAGAIN);
   }
@@ -198,7 +200,8 @@ class DirectReader final : public FileReader {
     return {buffer, buffer->data() + lead};
   }
   void fill(const Destination& dest, std::uint64_t offset, std::uint64_t length) const override {
-    if (!read_direct(dest.data + offset, header_.data_offset + offset, length)) read(offset, length, dest.data + offset);
+    if (!read_direct(dest.data + offset, header_.data_offset + offset, length))
+      read(offset, length, dest.data + offset);
   }
   std::size_t fill_alignment() const noexcept override { return align_; }
   std::size_t reads_in_flight_per_thread() const noexcept override { return 4; }
@@ -241,8 +244,9 @@ std::shared_ptr<ArrayReader> read_whole(const File& file, ReadMode mode, std::si
     fell_back = direct_file.is_open() || fell_back;
     got = file.read_at(buffer->data(), size, 0);
     if (got < size) {
-      throw NpyFormatError(path, got, "file ended while reading its " + std::to_string(size) +
-                                          " bytes (truncated, or shrunk while being read)");
+      throw NpyFormatError(
+          path, got,
+          "file ended while reading its " + std::to_string(size) + " bytes (truncated, or shrunk while being read)");
     }
   }
   NpyHeader header;
@@ -273,8 +277,8 @@ NpyHeader read_header(const File& file, std::size_t max_header_size) {
   head.resize(got);
   NpyHeader header;
   try {
-    std::uint64_t need = npy_header_end(std::span<const std::byte>(head.data(), std::min<std::size_t>(got, kMaxPreambleSize)),
-                                        max_header_size);
+    std::uint64_t need = npy_header_end(
+        std::span<const std::byte>(head.data(), std::min<std::size_t>(got, kMaxPreambleSize)), max_header_size);
     if (need > head.size() && need <= file.size()) {
       head.resize(need);
       head.resize(file.read_at(head.data(), need, 0));
@@ -304,8 +308,9 @@ std::shared_ptr<ArrayReader> ArrayReader::open(const std::string& path, const Re
   throw InvalidArgument("unknown read mode");
 }
 
-std::shared_ptr<ArrayReader> ArrayReader::in_memory(std::string name, NpyHeader header, std::shared_ptr<const void> owner,
-                                                    const std::byte* data, bool writable) {
+std::shared_ptr<ArrayReader> ArrayReader::in_memory(std::string name, NpyHeader header,
+                                                    std::shared_ptr<const void> owner, const std::byte* data,
+                                                    bool writable) {
   return std::make_shared<MemoryReader>(std::move(name), std::move(header), std::move(owner), data, writable, false);
 }
 

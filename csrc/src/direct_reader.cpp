@@ -18,7 +18,7 @@ namespace npyfeed {
 
 std::size_t direct_alignment(const File& file) {
   constexpr std::size_t kDefault = 4096;
-  struct statx stx {};
+  struct statx stx{};
   long rc = ::syscall(SYS_statx, file.fd(), "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx);
   if (rc != 0 || (stx.stx_mask & STATX_DIOALIGN) == 0) return kDefault;
   std::size_t a = std::max<std::size_t>(stx.stx_dio_mem_align, stx.stx_dio_offset_align);
@@ -26,7 +26,8 @@ std::size_t direct_alignment(const File& file) {
   return std::max<std::size_t>(a, 512);
 }
 
-bool read_direct_into(const File& file, std::size_t align, std::byte* dest, std::uint64_t offset, std::uint64_t length) {
+bool read_direct_into(const File& file, std::size_t align, std::byte* dest, std::uint64_t offset,
+                      std::uint64_t length) {
   if (length == 0) return true;
   const std::uint64_t start = align_down(offset, align);
   const std::uint64_t end = align_up(offset + length, align);

@@ -23,7 +23,7 @@ File File::open(const std::string& path, bool direct) {
   File file;
   file.fd_ = fd;
   file.path_ = path;
-  struct stat st {};
+  struct stat st{};
   if (::fstat(fd, &st) != 0) throw OsError(errno, path, "cannot stat");
   if (S_ISDIR(st.st_mode)) throw OsError(EISDIR, path, "cannot read");
   if (!S_ISREG(st.st_mode)) throw NpyFormatError(path, 0, "not a regular file (a FIFO, socket or device)");

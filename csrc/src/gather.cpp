@@ -20,7 +20,8 @@ bool transposed(const NpyHeader& h) { return h.fortran_order && h.shape.size() =
 
 // Rows [first, last) of `source` in C order: from its reader (or a view), transposed from a Fortran-order
 // file into `scratch`. Valid until the next fetch on this thread.
-const std::byte* fetch_rows(const ArraySource& source, std::int64_t first, std::int64_t last, std::vector<std::byte>& scratch) {
+const std::byte* fetch_rows(const ArraySource& source, std::int64_t first, std::int64_t last,
+                            std::vector<std::byte>& scratch) {
   const NpyHeader& h = source.header();
   const ArrayReader& reader = *source.reader;
   const std::uint64_t isz = h.itemsize;
@@ -107,7 +108,8 @@ void Gather::hint_will_need() const {
     if (transposed(factor.header())) return false;
     const std::uint64_t row_bytes = factor.row_elems() * factor.header().itemsize;
     const std::int64_t rows = factor.rows();
-    const auto first = static_cast<std::int64_t>(std::clamp<__int128>(static_cast<__int128>(s.feature) - in_.window + 1, 0, rows));
+    const auto first =
+        static_cast<std::int64_t>(std::clamp<__int128>(static_cast<__int128>(s.feature) - in_.window + 1, 0, rows));
     const auto end = static_cast<std::int64_t>(std::clamp<__int128>(static_cast<__int128>(s.feature) + 1, 0, rows));
     if (end <= first || row_bytes == 0) return false;
     offset = static_cast<std::uint64_t>(first) * row_bytes;
@@ -159,7 +161,9 @@ void Gather::gather_factors(std::size_t begin, std::size_t end, std::vector<std:
   auto clip = [&](__int128 r) { return static_cast<std::int64_t>(std::clamp<__int128>(r, 0, rows)); };
   auto window_first = [&](const Sample& s) { return static_cast<__int128>(s.feature) - window + 1; };
   auto window_end = [&](const Sample& s) { return static_cast<__int128>(s.feature) + 1; };
-  auto out_of = [&](std::uint32_t pos) { return x_ + static_cast<std::uint64_t>(pos) * static_cast<std::uint64_t>(window) * x_row_out; };
+  auto out_of = [&](std::uint32_t pos) {
+    return x_ + static_cast<std::uint64_t>(pos) * static_cast<std::uint64_t>(window) * x_row_out;
+  };
 
   std::vector<RowRange> ranges(end - begin);
   for (std::size_t k = begin; k < end; ++k) {
@@ -171,15 +175,16 @@ void Gather::gather_factors(std::size_t begin, std::size_t end, std::vector<std:
   const std::uint64_t span = in_memory ? UINT64_MAX : kMaxSpanBytes;
   // One window stored exactly as the output wants it, from a reader that reads in place: straight into the batch.
   const ScalarType& st = h.scalar;
-  const bool read_in_place = reader.reads_in_place() && !h.fortran_order && st.kind == 'f' && st.size == in_.out_size &&
-                             !st.swapped;
+  const bool read_in_place =
+      reader.reads_in_place() && !h.fortran_order && st.kind == 'f' && st.size == in_.out_size && !st.swapped;
   for (const Run& run : merge_runs(ranges, src_row_bytes, gap, span)) {
     if (read_in_place && run.end == run.begin + 1 && run.end_row - run.first == window) {
       reader.read(static_cast<std::uint64_t>(run.first) * src_row_bytes,
                   static_cast<std::uint64_t>(window) * src_row_bytes, out_of(order_[begin + run.begin]));
       continue;
     }
-    const std::byte* rows_data = run.end_row > run.first ? fetch_rows(factor, run.first, run.end_row, scratch) : nullptr;
+    const std::byte* rows_data =
+        run.end_row > run.first ? fetch_rows(factor, run.first, run.end_row, scratch) : nullptr;
     for (std::size_t k = begin + run.begin; k < begin + run.end; ++k) {
       const Sample& s = sample_at(order_[k]);
       std::byte* out = out_of(order_[k]);
@@ -192,10 +197,12 @@ void Gather::gather_factors(std::size_t begin, std::size_t end, std::vector<std:
       std::memset(out, 0, static_cast<std::size_t>(before) * x_row_out);
       if (inside > 0) {
         convert(rows_data + static_cast<std::uint64_t>(a - run.first) * src_row_bytes, st,
-                static_cast<std::uint64_t>(inside) * in_.x_row_elems, out + static_cast<std::uint64_t>(before) * x_row_out);
+                static_cast<std::uint64_t>(inside) * in_.x_row_elems,
+                out + static_cast<std::uint64_t>(before) * x_row_out);
       }
       const std::int64_t after = window - before - inside;
-      std::memset(out + static_cast<std::uint64_t>(before + inside) * x_row_out, 0, static_cast<std::size_t>(after) * x_row_out);
+      std::memset(out + static_cast<std::uint64_t>(before + inside) * x_row_out, 0,
+                  static_cast<std::size_t>(after) * x_row_out);
     }
   }
 }
@@ -233,8 +240,8 @@ void Gather::gather_labels(std::size_t begin, std::size_t end, std::vector<std::
     const std::byte* rows_data = fetch_rows(label, run.first, run.end_row, scratch);
     for (std::size_t k = inside_begin + run.begin; k < inside_begin + run.end; ++k) {
       const std::int64_t l = sample_at(by_label[k]).label;
-      convert(rows_data + static_cast<std::uint64_t>(l - run.first) * src_row_bytes, label.header().scalar, in_.y_row_elems,
-              out_of(by_label[k]));
+      convert(rows_data + static_cast<std::uint64_t>(l - run.first) * src_row_bytes, label.header().scalar,
+              in_.y_row_elems, out_of(by_label[k]));
     }
   }
 }

@@ -15,7 +15,8 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-[[noreturn]] void bad_line(const std::string& name, std::uint64_t line_no, const std::string& why, std::string_view text) {
+[[noreturn]] void bad_line(const std::string& name, std::uint64_t line_no, const std::string& why,
+                           std::string_view text) {
   std::string shown(text.substr(0, 80));
   throw InvalidArgument(name + ":" + std::to_string(line_no) + ": " + why + " (line: '" + shown + "')");
 }
@@ -57,9 +58,7 @@ void SampleIndex::add(std::int64_t feature, std::int64_t label, std::string_view
   line.push_back(line_no);
 }
 
-std::string SampleIndex::where(std::size_t i) const {
-  return sources[source[i]] + ":" + std::to_string(line[i]);
-}
+std::string SampleIndex::where(std::size_t i) const { return sources[source[i]] + ":" + std::to_string(line[i]); }
 
 void parse_index_text(std::string_view text, const std::string& name, SampleIndex& index) {
   auto source_id = static_cast<std::uint32_t>(index.sources.size());
@@ -85,7 +84,8 @@ void parse_index_text(std::string_view text, const std::string& name, SampleInde
     try {
       index.add(feature, label, key, source_id, line_no);
     } catch (const InvalidArgument&) {
-      bad_line(name, line_no, "key '" + std::string(key) + "' cannot name a file (empty, '.', '..' or contains '/')", content);
+      bad_line(name, line_no, "key '" + std::string(key) + "' cannot name a file (empty, '.', '..' or contains '/')",
+               content);
     }
   }
 }

@@ -70,11 +70,20 @@ std::int64_t utf8_length(std::string_view s) {
     unsigned char c = static_cast<unsigned char>(s[i]);
     std::size_t len;
     std::uint32_t cp;
-    if (c < 0x80) { len = 1; cp = c; }
-    else if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
-    else return -1;
+    if (c < 0x80) {
+      len = 1;
+      cp = c;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else
+      return -1;
     if (i + len > s.size()) return -1;
     for (std::size_t k = 1; k < len; ++k) {
       unsigned char cc = static_cast<unsigned char>(s[i + k]);
@@ -127,9 +136,20 @@ bool parse_typestr(std::string_view s, TypeStr& out) {
   if (i >= s.size() || s[i] < '0' || s[i] > '9') {
     // A bare kind letter: only the ones with an implied size.
     if (i != s.size()) return false;
-    if (out.kind == '?') { out.kind = 'b'; out.size = 1; return true; }
-    if (out.kind == 'b') { out.kind = 'i'; out.size = 1; return true; }  // numpy: 'b' is int8, 'b1' is bool
-    if (out.kind == 'O') { out.size = 8; return true; }  // '|O', as np.save writes it: refused with its own message
+    if (out.kind == '?') {
+      out.kind = 'b';
+      out.size = 1;
+      return true;
+    }
+    if (out.kind == 'b') {
+      out.kind = 'i';
+      out.size = 1;
+      return true;
+    }  // numpy: 'b' is int8, 'b1' is bool
+    if (out.kind == 'O') {
+      out.size = 8;
+      return true;
+    }  // '|O', as np.save writes it: refused with its own message
     return false;
   }
   std::uint64_t n = 0;
@@ -260,7 +280,9 @@ void to_file_offsets(PyLiteral& value, const ToFile& to_file) {
 
 }  // namespace
 
-std::uint64_t descr_itemsize(const PyLiteral& descr, ScalarType* scalar) { return descr_itemsize_impl(descr, scalar, 0); }
+std::uint64_t descr_itemsize(const PyLiteral& descr, ScalarType* scalar) {
+  return descr_itemsize_impl(descr, scalar, 0);
+}
 
 std::uint64_t npy_header_end(std::span<const std::byte> prefix, std::size_t max_header_size) {
   Preamble p = read_preamble(prefix, max_header_size);
@@ -271,11 +293,13 @@ NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::size_t max_hea
   Preamble p = read_preamble(bytes, max_header_size);
   const std::uint64_t end = p.size + p.text_len;
   if (bytes.size() < end) {
-    fail(bytes.size(), "header is truncated: it announces " + std::to_string(p.text_len) + " bytes of header text, the file ends first");
+    fail(bytes.size(), "header is truncated: it announces " + std::to_string(p.text_len) +
+                           " bytes of header text, the file ends first");
   }
   std::string_view raw(reinterpret_cast<const char*>(bytes.data()) + p.size, p.text_len);
   if (std::memchr(raw.data(), '\0', raw.size()) != nullptr) {
-    fail(p.size + static_cast<std::uint64_t>(static_cast<const char*>(std::memchr(raw.data(), '\0', raw.size())) - raw.data()),
+    fail(p.size + static_cast<std::uint64_t>(static_cast<const char*>(std::memchr(raw.data(), '\0', raw.size())) -
+                                             raw.data()),
          "NUL byte in header text");
   }
   std::string text;
@@ -336,8 +360,10 @@ NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::size_t max_hea
     if (d.kind != PyLiteral::Kind::kInt) fail(d.position, "'shape' is not a tuple of integers");
     if (d.as_int() < 0) fail(d.position, "negative dimension " + std::to_string(d.as_int()) + " in shape");
     h.shape.push_back(d.as_int());
-    if (d.as_int() == 0) zero = true;
-    else count = detail::checked_mul(count, static_cast<std::uint64_t>(d.as_int()), too_big);
+    if (d.as_int() == 0)
+      zero = true;
+    else
+      count = detail::checked_mul(count, static_cast<std::uint64_t>(d.as_int()), too_big);
   }
   if (h.shape.size() > 64) fail(shape->position, "too many dimensions (numpy allows 64)");
   h.count = zero ? 0 : count;

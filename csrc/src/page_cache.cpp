@@ -82,7 +82,9 @@ std::uint64_t read_into_page_cache(const File& file, std::uint64_t offset, std::
 }
 
 CacheWarm::CacheWarm(std::vector<std::string> paths, std::uint64_t chunk_bytes)
-    : paths_(std::move(paths)), chunk_bytes_(std::max<std::uint64_t>(chunk_bytes, page_size())), files_(paths_.size()) {}
+    : paths_(std::move(paths)),
+      chunk_bytes_(std::max<std::uint64_t>(chunk_bytes, page_size())),
+      files_(paths_.size()) {}
 
 std::shared_ptr<Job> CacheWarm::start_measure(ThreadPool& pool, std::size_t threads, bool after) {
   return pool.start(paths_.size(), threads, [this, after](std::size_t i) {

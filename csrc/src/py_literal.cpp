@@ -21,9 +21,12 @@ class Parser {
     PyLiteral value = parse_value(0);
     // The rest of the literal's line: spaces, continuations, a comment.
     while (!at_end()) {
-      if (peek() == ' ' || peek() == '\t' || peek() == '\f') ++pos_;
-      else if (peek() == '\\' && continuation_length() > 0) pos_ += continuation_length();
-      else break;
+      if (peek() == ' ' || peek() == '\t' || peek() == '\f')
+        ++pos_;
+      else if (peek() == '\\' && continuation_length() > 0)
+        pos_ += continuation_length();
+      else
+        break;
     }
     skip_comment();
     if (!at_end() && !at_newline()) fail("unexpected text after the literal");
@@ -249,7 +252,8 @@ class Parser {
     for (int i = 0; i < digits; ++i) {
       if (at_end() || !std::isxdigit(static_cast<unsigned char>(peek()))) fail("bad escape in string");
       char h = text_[pos_++];
-      value = value * 16 + static_cast<std::uint32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
+      value = value * 16 + static_cast<std::uint32_t>(
+                               std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
     }
     return value;
   }
@@ -274,32 +278,65 @@ class Parser {
       if (at_end()) fail("unterminated string");
       char e = text_[pos_++];
       switch (e) {
-        case '\\': out += '\\'; break;
-        case '\'': out += '\''; break;
-        case '"': out += '"'; break;
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case 'a': out += '\a'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'v': out += '\v'; break;
-        case '0': case '1': case '2': case '3': case '4': case '5': case '6': case '7': {
+        case '\\':
+          out += '\\';
+          break;
+        case '\'':
+          out += '\'';
+          break;
+        case '"':
+          out += '"';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 'a':
+          out += '\a';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'v':
+          out += '\v';
+          break;
+        case '0':
+        case '1':
+        case '2':
+        case '3':
+        case '4':
+        case '5':
+        case '6':
+        case '7': {
           std::uint32_t value = static_cast<std::uint32_t>(e - '0');
-          for (int i = 0; i < 2 && !at_end() && peek() >= '0' && peek() <= '7'; ++i) value = value * 8 + static_cast<std::uint32_t>(text_[pos_++] - '0');
+          for (int i = 0; i < 2 && !at_end() && peek() >= '0' && peek() <= '7'; ++i)
+            value = value * 8 + static_cast<std::uint32_t>(text_[pos_++] - '0');
           append_utf8(out, value);
           break;
         }
-        case 'x': append_utf8(out, parse_hex(2)); break;
-        case 'u': append_utf8(out, parse_hex(4)); break;
+        case 'x':
+          append_utf8(out, parse_hex(2));
+          break;
+        case 'u':
+          append_utf8(out, parse_hex(4));
+          break;
         case 'U': {
           std::uint32_t cp = parse_hex(8);
           if (cp > 0x10FFFF) fail("bad \\U escape in string");
           append_utf8(out, cp);
           break;
         }
-        case '\n': break;  // line continuation inside a string
-        case '\r':        // the same with a \r or \r\n newline
+        case '\n':
+          break;    // line continuation inside a string
+        case '\r':  // the same with a \r or \r\n newline
           if (peek() == '\n') ++pos_;
           break;
         case 'N':  // \N{name} needs Unicode's name table: refuse rather than keep it verbatim (a wrong name)
@@ -329,7 +366,8 @@ class Parser {
       if (base != 10) pos_ += 2;
     }
     // Magnitude up to 2^63 so that INT64_MIN parses; anything larger is refused.
-    const std::uint64_t limit = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) + (negative ? 1 : 0);
+    const std::uint64_t limit =
+        static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) + (negative ? 1 : 0);
     std::uint64_t magnitude = 0;
     std::size_t digits = 0;
     const std::size_t first_digit = pos_;
@@ -343,12 +381,16 @@ class Parser {
         continue;
       }
       int d;
-      if (c >= '0' && c <= '9') d = c - '0';
-      else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-      else break;
+      if (c >= '0' && c <= '9')
+        d = c - '0';
+      else if (c >= 'a' && c <= 'f')
+        d = c - 'a' + 10;
+      else
+        break;
       if (d >= base) break;
       last_underscore = false;
-      if (magnitude > (limit - static_cast<std::uint64_t>(d)) / static_cast<std::uint64_t>(base)) fail("integer too large");
+      if (magnitude > (limit - static_cast<std::uint64_t>(d)) / static_cast<std::uint64_t>(base))
+        fail("integer too large");
       magnitude = magnitude * static_cast<std::uint64_t>(base) + static_cast<std::uint64_t>(d);
       ++digits;
       ++pos_;

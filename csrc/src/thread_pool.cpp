@@ -1,23 +1,25 @@
 #include "npyfeed/thread_pool.hpp"
 
 #include <pthread.h>
-
-#include <cfenv>
 #include <sched.h>
 #include <unistd.h>
+
+#include <cfenv>
 
 #include "npyfeed/errors.hpp"
 
 namespace npyfeed {
 
-Job::Job(std::size_t count, std::function<void(std::size_t)> fn) : count_(count), pid_(::getpid()), fn_(std::move(fn)) {}
+Job::Job(std::size_t count, std::function<void(std::size_t)> fn)
+    : count_(count), pid_(::getpid()), fn_(std::move(fn)) {}
 
 bool Job::orphaned() const noexcept { return ::getpid() != pid_; }
 
 void Job::throw_if_orphaned() const {
   if (orphaned()) {
-    throw InvalidArgument("this npyfeed job was started before fork() and cannot finish in the child process; "
-                          "create iterators after forking");
+    throw InvalidArgument(
+        "this npyfeed job was started before fork() and cannot finish in the child process; "
+        "create iterators after forking");
   }
 }
 
@@ -102,7 +104,8 @@ void ThreadPool::worker_loop() {
   }
 }
 
-std::shared_ptr<Job> ThreadPool::start(std::size_t count, std::size_t max_workers, std::function<void(std::size_t)> fn) {
+std::shared_ptr<Job> ThreadPool::start(std::size_t count, std::size_t max_workers,
+                                       std::function<void(std::size_t)> fn) {
   auto job = std::make_shared<Job>(count, std::move(fn));
   std::size_t runners = std::min(count, std::max<std::size_t>(max_workers, 1));
   if (runners == 0) return job;  // nothing to do: already finished

@@ -42,7 +42,7 @@ std::string int128_text(__int128 v) {
 }
 
 bool fds_fit(std::size_t wanted) {
-  struct rlimit rl {};
+  struct rlimit rl{};
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return false;
   if (rl.rlim_cur == RLIM_INFINITY) return true;
   return wanted + 64 <= rl.rlim_cur / 2;  // leave half the limit to the rest of the process
@@ -53,7 +53,8 @@ bool fds_fit(std::size_t wanted) {
 WindowSource::WindowSource(SampleIndex index, WindowOptions options)
     : index_(std::move(index)), options_(options), window_(options.window) {
   if (window_ < 1) throw InvalidArgument("window must be at least 1, got " + std::to_string(window_));
-  if (options_.out_size != 4 && options_.out_size != 8) throw InvalidArgument("output dtype must be float32 or float64");
+  if (options_.out_size != 4 && options_.out_size != 8)
+    throw InvalidArgument("output dtype must be float32 or float64");
   if (options_.threads < 1) throw InvalidArgument("threads must be at least 1");
   const std::size_t keys = index_.keys.size();
   factors_.resize(keys);
@@ -104,11 +105,13 @@ std::shared_ptr<Job> WindowSource::start_open(ThreadPool& pool, std::vector<std:
   auto self = shared_from_this();
   auto f = std::make_shared<std::vector<std::string>>(std::move(factor_paths));
   auto l = std::make_shared<std::vector<std::string>>(std::move(label_paths));
-  return pool.start(index_.keys.size(), options_.threads, [self, f, l](std::size_t k) { self->open_key(k, (*f)[k], (*l)[k]); });
+  return pool.start(index_.keys.size(), options_.threads,
+                    [self, f, l](std::size_t k) { self->open_key(k, (*f)[k], (*l)[k]); });
 }
 
-void WindowSource::set_memory_source(std::size_t key, bool label, std::shared_ptr<const void> owner, const std::byte* data,
-                                     std::vector<std::int64_t> shape, const std::string& typestr) {
+void WindowSource::set_memory_source(std::size_t key, bool label, std::shared_ptr<const void> owner,
+                                     const std::byte* data, std::vector<std::int64_t> shape,
+                                     const std::string& typestr) {
   const std::string name = std::string(label ? "labels" : "factors") + "['" + index_.keys.at(key) + "']";
   detail::PyLiteral descr;
   descr.kind = detail::PyLiteral::Kind::kStr;
@@ -128,7 +131,8 @@ void WindowSource::set_memory_source(std::size_t key, bool label, std::shared_pt
   for (std::int64_t d : shape) h.nbytes *= static_cast<std::uint64_t>(d);
   h.shape = std::move(shape);
   h.fortran_order = false;
-  (label ? labels_ : factors_).at(key).reader = ArrayReader::in_memory(name, std::move(h), std::move(owner), data, false);
+  (label ? labels_ : factors_).at(key).reader =
+      ArrayReader::in_memory(name, std::move(h), std::move(owner), data, false);
 }
 
 void WindowSource::finish_open() {
@@ -137,8 +141,8 @@ void WindowSource::finish_open() {
     if (!e.empty()) missing.push_back(e);
   }
   if (!missing.empty()) {
-    std::string msg = std::to_string(missing.size()) + " of " + std::to_string(index_.keys.size()) +
-                      " keys have no data file: ";
+    std::string msg =
+        std::to_string(missing.size()) + " of " + std::to_string(index_.keys.size()) + " keys have no data file: ";
     for (std::size_t i = 0; i < std::min<std::size_t>(missing.size(), 5); ++i) msg += (i ? "; " : "") + missing[i];
     if (missing.size() > 5) msg += "; ...";
     std::string first = missing[0].substr(missing[0].find(": ") + 2);
@@ -176,8 +180,8 @@ void WindowSource::finish_open() {
   // One sample must be addressable: W * row * itemsize in 63 bits (the rows themselves fit, being in a file).
   unsigned __int128 sample_bytes = static_cast<unsigned __int128>(window_) * x_row_elems_ * options_.out_size;
   if (sample_bytes > static_cast<unsigned __int128>(INT64_MAX) / 65536) {
-    throw InvalidArgument("window " + std::to_string(window_) + " is too large for rows of " + std::to_string(x_row_elems_) +
-                          " elements");
+    throw InvalidArgument("window " + std::to_string(window_) + " is too large for rows of " +
+                          std::to_string(x_row_elems_) + " elements");
   }
   if (index_.size() == 0) {
     std::string names;
@@ -204,11 +208,11 @@ void WindowSource::finish_open() {
         continue;
       }
       if (options_.bounds == Bounds::kError) {
-        std::string what = !window_ok
-            ? "window rows [" + int128_text(first) + ", " + int128_text(static_cast<__int128>(feature) + 1) + ") outside " +
-                  factors_[key].name() + " (" + std::to_string(rows) + " rows)"
-            : "label row " + std::to_string(label) + " outside " + labels_[key].name() + " (" +
-                  std::to_string(label_rows) + " rows)";
+        std::string what = !window_ok ? "window rows [" + int128_text(first) + ", " +
+                                            int128_text(static_cast<__int128>(feature) + 1) + ") outside " +
+                                            factors_[key].name() + " (" + std::to_string(rows) + " rows)"
+                                      : "label row " + std::to_string(label) + " outside " + labels_[key].name() +
+                                            " (" + std::to_string(label_rows) + " rows)";
         throw IndexOutOfRange(index_.where(i) + ": key '" + index_.keys[key] + "': " + what +
                               " (use bounds='skip' or bounds='pad' to accept such lines)");
       }
@@ -217,7 +221,8 @@ void WindowSource::finish_open() {
   }
   reads_in_flight_ = 1;
   for (const auto* sources : {&factors_, &labels_}) {
-    for (const ArraySource& s : *sources) reads_in_flight_ = std::max(reads_in_flight_, s.reader->reads_in_flight_per_thread());
+    for (const ArraySource& s : *sources)
+      reads_in_flight_ = std::max(reads_in_flight_, s.reader->reads_in_flight_per_thread());
   }
 }
 
@@ -265,7 +270,8 @@ std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<st
                     [self, gather](std::size_t k) { gather->run_key(k); });
 }
 
-std::pair<WindowBatch, std::shared_ptr<Job>> WindowSource::start_batch(ThreadPool& pool, std::vector<std::int64_t> sample_ids,
+std::pair<WindowBatch, std::shared_ptr<Job>> WindowSource::start_batch(ThreadPool& pool,
+                                                                       std::vector<std::int64_t> sample_ids,
                                                                        BufferPool* buffers) {
   auto allocate = [&](std::size_t bytes) {
     return buffers != nullptr ? buffers->acquire(bytes) : std::make_shared<AlignedBuffer>(bytes);

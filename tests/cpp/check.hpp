@@ -93,22 +93,22 @@ inline bool contains(const std::string& text, const std::string& part) { return 
 
 #define NPYFEED_TEST_CAT2(a, b) a##b
 #define NPYFEED_TEST_CAT(a, b) NPYFEED_TEST_CAT2(a, b)
-#define NPYFEED_TEST_CASE_IMPL(fn, name)                                                        \
-  static void fn();                                                                             \
+#define NPYFEED_TEST_CASE_IMPL(fn, name)                                                                      \
+  static void fn();                                                                                           \
   [[maybe_unused]] static const bool NPYFEED_TEST_CAT(fn, _registered) = ::npyfeed::test::add_test(name, fn); \
   static void fn()
 #define TEST_CASE(name) NPYFEED_TEST_CASE_IMPL(NPYFEED_TEST_CAT(test_case_, __LINE__), name)
 
-#define CHECK(...)                                                                   \
-  do {                                                                               \
+#define CHECK(...)                                                                 \
+  do {                                                                             \
     if (!(__VA_ARGS__)) ::npyfeed::test::report(__FILE__, __LINE__, #__VA_ARGS__); \
   } while (0)
-#define REQUIRE(...)                                                                 \
-  do {                                                                               \
-    if (!(__VA_ARGS__)) {                                                            \
-      ::npyfeed::test::report(__FILE__, __LINE__, #__VA_ARGS__);                     \
-      throw ::npyfeed::test::RequireFailed{};                                        \
-    }                                                                                \
+#define REQUIRE(...)                                             \
+  do {                                                           \
+    if (!(__VA_ARGS__)) {                                        \
+      ::npyfeed::test::report(__FILE__, __LINE__, #__VA_ARGS__); \
+      throw ::npyfeed::test::RequireFailed{};                    \
+    }                                                            \
   } while (0)
 #define CHECK_EQ(a, b) ::npyfeed::test::check_eq((a), (b), #a " == " #b, __FILE__, __LINE__)
 #define CHECK_THROWS(Type, ...) \

@@ -29,9 +29,11 @@ struct Written {
   std::vector<std::byte> data;
 };
 
-Written write(const TempDir& dir, const std::string& name, std::size_t bytes, std::uint64_t seed, std::size_t align = 64) {
+Written write(const TempDir& dir, const std::string& name, std::size_t bytes, std::uint64_t seed,
+              std::size_t align = 64) {
   Written w{dir.file(name), npyfeed::test::pattern(bytes, seed)};
-  npyfeed::test::write_file(w.path, npyfeed::test::npy_header("|u1", "(" + std::to_string(bytes) + ",)", false, 1, align), w.data);
+  npyfeed::test::write_file(
+      w.path, npyfeed::test::npy_header("|u1", "(" + std::to_string(bytes) + ",)", false, 1, align), w.data);
   return w;
 }
 
@@ -47,7 +49,9 @@ ReaderOptions options(ReadMode mode, bool keep_open, std::uint64_t whole = 0) {
   return o;
 }
 
-const char* name_of(ReadMode mode) { return mode == ReadMode::kMmap ? "mmap" : mode == ReadMode::kRead ? "read" : "direct"; }
+const char* name_of(ReadMode mode) {
+  return mode == ReadMode::kMmap ? "mmap" : mode == ReadMode::kRead ? "read" : "direct";
+}
 
 }  // namespace
 
@@ -59,7 +63,8 @@ TEST_CASE("parse_read_mode") {
   if (e) CHECK_EQ(std::string(e->what()), "mode must be 'mmap', 'read' or 'direct', not 'auto'");
 }
 
-TEST_CASE("every mode, descriptors kept or reopened: read, fetch, read_strided, allocate + fill give the file's bytes") {
+TEST_CASE(
+    "every mode, descriptors kept or reopened: read, fetch, read_strided, allocate + fill give the file's bytes") {
   TempDir dir;
   const Written w = write(dir, "a.npy", kBytes, 1);
   for (ReadMode mode : {ReadMode::kMmap, ReadMode::kRead, ReadMode::kDirect}) {
@@ -78,7 +83,8 @@ TEST_CASE("every mode, descriptors kept or reopened: read, fetch, read_strided, 
           if (offset + length > kBytes) continue;
           std::vector<std::byte> out(length);
           reader->read(offset, length, out.data());
-          if (!same(out.data(), w.data, offset, length)) test::report(__FILE__, __LINE__, where + ": read " + std::to_string(offset));
+          if (!same(out.data(), w.data, offset, length))
+            test::report(__FILE__, __LINE__, where + ": read " + std::to_string(offset));
           if (!same(reader->fetch(offset, length), w.data, offset, length)) {
             test::report(__FILE__, __LINE__, where + ": fetch " + std::to_string(offset));
           }
@@ -153,7 +159,8 @@ TEST_CASE("a replaced file: refused where the reader reopens it, the old file wh
       CHECK(same(kept->fetch(10, 100), w.data, 10, 100));
     }
     // Back to the original for the next mode.
-    npyfeed::test::write_file(dir.file("c.npy"), npyfeed::test::npy_header("|u1", "(" + std::to_string(kBytes) + ",)"), w.data);
+    npyfeed::test::write_file(dir.file("c.npy"), npyfeed::test::npy_header("|u1", "(" + std::to_string(kBytes) + ",)"),
+                              w.data);
     std::filesystem::rename(dir.file("c.npy"), w.path);
   }
 }

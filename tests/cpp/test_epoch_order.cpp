@@ -51,7 +51,8 @@ TEST_CASE("deterministic; different per epoch and per seed") {
 TEST_CASE("close to uniform: every element equally likely first") {
   // 6000 epochs of 3 elements: each comes first about 2000 times (a biased draw would be far off).
   std::vector<int> first(3, 0);
-  for (std::uint64_t epoch = 0; epoch < 6000; ++epoch) ++first[static_cast<std::size_t>(epoch_permutation(3, 9, epoch)[0])];
+  for (std::uint64_t epoch = 0; epoch < 6000; ++epoch)
+    ++first[static_cast<std::size_t>(epoch_permutation(3, 9, epoch)[0])];
   for (int count : first) CHECK(count > 1800 && count < 2200);
 }
 

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -39,8 +39,8 @@ constexpr std::int64_t kWindow = 4;
 const char* const kKeys[] = {"a", "b", "c"};
 
 // Every dtype the gather converts, in both byte orders where it has one.
-const char* const kDescrs[] = {"|b1", "|i1", "|u1", "<i2", ">i2", "<u2", ">u2", "<i4", ">i4", "<u4", ">u4", "<i8",
-                               ">i8", "<u8", ">u8", "<f2", ">f2", "<f4", ">f4", "<f8", ">f8"};
+const char* const kDescrs[] = {"|b1", "|i1", "|u1", "<i2", ">i2", "<u2", ">u2", "<i4", ">i4", "<u4", ">u4",
+                               "<i8", ">i8", "<u8", ">u8", "<f2", ">f2", "<f4", ">f4", "<f8", ">f8"};
 
 // Small integers: exact in every dtype (float16 included), so the expected output is the value itself.
 double factor_value(std::size_t key, std::int64_t row, std::int64_t col, bool boolean) {
@@ -86,8 +86,8 @@ void write_array(const std::string& path, const std::string& descr, std::int64_t
       encode(descr, value(r, c), data.data() + static_cast<std::size_t>(at) * size);
     }
   }
-  const std::string shape = cols == 0 ? "(" + std::to_string(rows) + ",)"
-                                      : "(" + std::to_string(rows) + ", " + std::to_string(cols) + ")";
+  const std::string shape =
+      cols == 0 ? "(" + std::to_string(rows) + ",)" : "(" + std::to_string(rows) + ", " + std::to_string(cols) + ")";
   npyfeed::test::write_file(path, npyfeed::test::npy_header(descr, shape, fortran), data);
 }
 
@@ -100,7 +100,8 @@ struct Entry {
 SampleIndex make_index(const std::vector<Entry>& entries) {
   SampleIndex index;
   index.sources.push_back("index.txt");
-  for (std::size_t i = 0; i < entries.size(); ++i) index.add(entries[i].feature, entries[i].label, kKeys[entries[i].key], 0, i + 1);
+  for (std::size_t i = 0; i < entries.size(); ++i)
+    index.add(entries[i].feature, entries[i].label, kKeys[entries[i].key], 0, i + 1);
   return index;
 }
 
@@ -138,7 +139,8 @@ Files write_files(const TempDir& dir, const std::string& tag, const std::string&
   return files;
 }
 
-WindowOptions options_for(ReadMode mode, std::uint32_t out_size, Bounds bounds = Bounds::kError, std::size_t threads = 2) {
+WindowOptions options_for(ReadMode mode, std::uint32_t out_size, Bounds bounds = Bounds::kError,
+                          std::size_t threads = 2) {
   WindowOptions o;
   o.window = kWindow;
   o.out_size = out_size;
@@ -148,7 +150,8 @@ WindowOptions options_for(ReadMode mode, std::uint32_t out_size, Bounds bounds =
   return o;
 }
 
-std::shared_ptr<WindowSource> open_files(const std::vector<Entry>& entries, const Files& files, const WindowOptions& o) {
+std::shared_ptr<WindowSource> open_files(const std::vector<Entry>& entries, const Files& files,
+                                         const WindowOptions& o) {
   auto source = std::make_shared<WindowSource>(make_index(entries), o);
   source->start_open(shared_pool(), files.factors, files.labels)->wait();
   source->finish_open();
@@ -180,19 +183,22 @@ double element(const std::vector<std::byte>& data, std::uint32_t out_size, std::
 }
 
 // Compares a batch of `kept[ids[i]]` with the values the files hold (zeros outside the arrays).
-void check_batch(const Batch& b, const std::vector<Entry>& kept, const std::vector<std::int64_t>& ids, std::uint32_t out_size,
-                 bool boolean, const std::string& where) {
+void check_batch(const Batch& b, const std::vector<Entry>& kept, const std::vector<std::int64_t>& ids,
+                 std::uint32_t out_size, bool boolean, const std::string& where) {
   int bad = 0;
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const Entry& e = kept[static_cast<std::size_t>(ids[i])];
     for (std::int64_t w = 0; w < kWindow; ++w) {
       const __int128 row = static_cast<__int128>(e.feature) - kWindow + 1 + w;
       for (std::int64_t c = 0; c < kCols; ++c) {
-        const double want = row >= 0 && row < kRows ? factor_value(e.key, static_cast<std::int64_t>(row), c, boolean) : 0.0;
-        const double got = element(b.x, out_size, (i * kWindow + static_cast<std::size_t>(w)) * kCols + static_cast<std::size_t>(c));
+        const double want =
+            row >= 0 && row < kRows ? factor_value(e.key, static_cast<std::int64_t>(row), c, boolean) : 0.0;
+        const double got =
+            element(b.x, out_size, (i * kWindow + static_cast<std::size_t>(w)) * kCols + static_cast<std::size_t>(c));
         if (got != want && bad++ < 3) {
-          test::report(__FILE__, __LINE__, where + ": x[" + std::to_string(i) + "][" + std::to_string(w) + "][" +
-                                               std::to_string(c) + "] = " + std::to_string(got) + ", want " + std::to_string(want));
+          test::report(__FILE__, __LINE__,
+                       where + ": x[" + std::to_string(i) + "][" + std::to_string(w) + "][" + std::to_string(c) +
+                           "] = " + std::to_string(got) + ", want " + std::to_string(want));
         }
       }
     }
@@ -200,8 +206,9 @@ void check_batch(const Batch& b, const std::vector<Entry>& kept, const std::vect
       const double want = e.label >= 0 && e.label < kRows ? label_value(e.key, e.label, c, boolean) : 0.0;
       const double got = element(b.y, out_size, i * kLabelCols + static_cast<std::size_t>(c));
       if (got != want && bad++ < 3) {
-        test::report(__FILE__, __LINE__, where + ": y[" + std::to_string(i) + "][" + std::to_string(c) + "] = " +
-                                             std::to_string(got) + ", want " + std::to_string(want));
+        test::report(__FILE__, __LINE__,
+                     where + ": y[" + std::to_string(i) + "][" + std::to_string(c) + "] = " + std::to_string(got) +
+                         ", want " + std::to_string(want));
       }
     }
   }
@@ -270,7 +277,8 @@ TEST_CASE("every dtype and byte order, C and Fortran order, every read mode, flo
       const Files files = write_files(dir, tag, descr, fortran);
       for (ReadMode mode : kModes) {
         for (std::uint32_t out : {4u, 8u}) {
-          const std::string where = std::string(descr) + (fortran ? " F " : " C ") + mode_name(mode) + " out " + std::to_string(out);
+          const std::string where =
+              std::string(descr) + (fortran ? " F " : " C ") + mode_name(mode) + " out " + std::to_string(out);
           auto source = open_files(entries, files, options_for(mode, out));
           CHECK_EQ(source->size(), entries.size());
           CHECK(source->x_shape() == (std::vector<std::int64_t>{kWindow, kCols}));
@@ -290,8 +298,10 @@ TEST_CASE("1-d labels and one-column Fortran factors") {
   for (std::size_t k = 0; k < std::size(kKeys); ++k) {
     factors.push_back(dir.file(std::string("f") + kKeys[k] + ".npy"));
     labels.push_back(dir.file(std::string("l") + kKeys[k] + ".npy"));
-    write_array(factors.back(), "<f4", kRows, 1, true, [&](std::int64_t r, std::int64_t) { return factor_value(k, r, 0, false); });
-    write_array(labels.back(), "<i8", kRows, 0, false, [&](std::int64_t r, std::int64_t) { return label_value(k, r, 0, false); });
+    write_array(factors.back(), "<f4", kRows, 1, true,
+                [&](std::int64_t r, std::int64_t) { return factor_value(k, r, 0, false); });
+    write_array(labels.back(), "<i8", kRows, 0, false,
+                [&](std::int64_t r, std::int64_t) { return label_value(k, r, 0, false); });
   }
   const std::vector<Entry> entries = inside_entries();
   for (ReadMode mode : kModes) {
@@ -305,7 +315,8 @@ TEST_CASE("1-d labels and one-column Fortran factors") {
       const Entry& e = entries[static_cast<std::size_t>(ids[i])];
       CHECK_EQ(element(b.y, 8, i), label_value(e.key, e.label, 0, false));
       for (std::int64_t w = 0; w < kWindow; ++w) {
-        CHECK_EQ(element(b.x, 8, i * kWindow + static_cast<std::size_t>(w)), factor_value(e.key, e.feature - kWindow + 1 + w, 0, false));
+        CHECK_EQ(element(b.x, 8, i * kWindow + static_cast<std::size_t>(w)),
+                 factor_value(e.key, e.feature - kWindow + 1 + w, 0, false));
       }
     }
   }
@@ -318,8 +329,9 @@ TEST_CASE("bounds: error names file, line, key and rows; skip drops; pad reads z
   const std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   std::vector<Entry> entries = inside_entries();
   const std::size_t inside = entries.size();
-  const std::vector<Entry> outside{{1, 0, 0},      {kRows, 3, 1},  {kRows + 2, 3, 2}, {10, -1, 0}, {10, kRows, 1},
-                                    {kMin, kMin, 2}, {kMax, kMax, 0}, {0, 5, 1},       {kRows + kWindow - 2, 2, 2}};
+  const std::vector<Entry> outside{{1, 0, 0},       {kRows, 3, 1},  {kRows + 2, 3, 2},
+                                   {10, -1, 0},     {10, kRows, 1}, {kMin, kMin, 2},
+                                   {kMax, kMax, 0}, {0, 5, 1},      {kRows + kWindow - 2, 2, 2}};
   entries.insert(entries.begin() + 3, outside.begin(), outside.end());
   for (ReadMode mode : kModes) {
     auto error = CHECK_THROWS(IndexOutOfRange, open_files(entries, files, options_for(mode, 4, Bounds::kError)));
@@ -353,7 +365,9 @@ TEST_CASE("bounds: error names file, line, key and rows; skip drops; pad reads z
   }
   const std::vector<Entry> bad_label{{10, 0, 0}, {10, kRows, 1}, {10, 0, 2}};
   auto label_error = CHECK_THROWS(IndexOutOfRange, open_files(bad_label, files, options_for(ReadMode::kRead, 4)));
-  if (label_error) CHECK(contains(label_error->what(), "index.txt:2: key 'b': label row 40 outside " + files.labels[1] + " (40 rows)"));
+  if (label_error)
+    CHECK(
+        contains(label_error->what(), "index.txt:2: key 'b': label row 40 outside " + files.labels[1] + " (40 rows)"));
 }
 
 TEST_CASE("arrays in memory: read in place, kept alive by their owner until the source is gone") {
@@ -399,7 +413,7 @@ TEST_CASE("more files than descriptors kept: each read reopens the file, and a r
   TempDir dir;
   const Files files = write_files(dir, "f8", "<f8", false);
   const std::vector<Entry> entries = inside_entries();
-  struct rlimit old {};
+  struct rlimit old{};
   REQUIRE(::getrlimit(RLIMIT_NOFILE, &old) == 0);
   struct rlimit low = old;
   low.rlim_cur = 128;  // keeping 6 descriptors needs 2 * (6 + 64) = 140
@@ -416,7 +430,8 @@ TEST_CASE("more files than descriptors kept: each read reopens the file, and a r
     write_array(replacement, "<f8", kRows, kCols, false, [](std::int64_t, std::int64_t) { return -1.0; });
     std::filesystem::rename(replacement, files.factors[1]);
     std::vector<std::int64_t> b_ids, other_ids;
-    for (std::size_t i = 0; i < entries.size(); ++i) (entries[i].key == 1 ? b_ids : other_ids).push_back(static_cast<std::int64_t>(i));
+    for (std::size_t i = 0; i < entries.size(); ++i)
+      (entries[i].key == 1 ? b_ids : other_ids).push_back(static_cast<std::int64_t>(i));
     auto e = CHECK_THROWS(OsError, gather(*source, b_ids));
     if (e) {
       CHECK_EQ(e->error_number(), ESTALE);
@@ -468,7 +483,9 @@ TEST_CASE("opening errors: missing files, mismatched rows, unconvertible dtypes,
   Files wide = files;
   wide.factors[1] = dir.file("wide.npy");
   auto shape_error = CHECK_THROWS(InvalidArgument, open_files(entries, wide, options_for(ReadMode::kRead, 4)));
-  if (shape_error) CHECK(contains(shape_error->what(), "rows of shape (4,) do not match " + files.factors[0] + " (rows of shape (3,))"));
+  if (shape_error)
+    CHECK(
+        contains(shape_error->what(), "rows of shape (4,) do not match " + files.factors[0] + " (rows of shape (3,))"));
   write_array(dir.file("complex.npy"), "<c8", kRows, kCols, false, [](std::int64_t, std::int64_t) { return 0.0; });
   Files complex_files = files;
   complex_files.factors[0] = dir.file("complex.npy");

@@ -28,7 +28,8 @@ void expect_bad(const std::string& text, const std::string& part, int line = __b
     parse(text);
     test::report(__FILE__, line, "no error for: " + text);
   } catch (const InvalidArgument& e) {
-    if (!contains(e.what(), part)) test::report(__FILE__, line, std::string("message '") + e.what() + "' lacks '" + part + "'");
+    if (!contains(e.what(), part))
+      test::report(__FILE__, line, std::string("message '") + e.what() + "' lacks '" + part + "'");
   }
 }
 
@@ -65,7 +66,7 @@ TEST_CASE("malformed lines name the file and line") {
   expect_bad("\n\n1,2,..", "idx.txt:3: key '..' cannot name a file");
   expect_bad("1,2,.", "cannot name a file");
   expect_bad("1,2,a/b", "cannot name a file");
-  expect_bad(std::string("1,2,a\0b", 7), "idx.txt:1: key 'a");  // what() ends at the NUL
+  expect_bad(std::string("1,2,a\0b", 7), "idx.txt:1: key 'a");           // what() ends at the NUL
   expect_bad("1,2," + std::string(200, 'z') + ",x", "(line: '1,2,zzz");  // the line shown, cut short
 }
 

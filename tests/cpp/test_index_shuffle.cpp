@@ -60,10 +60,10 @@ TEST_CASE("shuffled: few fixed points, positions move about n/3, halves mix") {
     displacement += v > i ? double(v - i) : double(i - v);
     if (i < n / 2) in_first_half += v < n / 2;
   }
-  CHECK(fixed < 20);                                   // about 1 expected
-  CHECK(displacement / n > 0.30 * n);                  // n/3 expected for a uniform permutation
+  CHECK(fixed < 20);                   // about 1 expected
+  CHECK(displacement / n > 0.30 * n);  // n/3 expected for a uniform permutation
   CHECK(displacement / n < 0.37 * n);
-  CHECK(in_first_half > 0.48 * (n / 2));               // half expected
+  CHECK(in_first_half > 0.48 * (n / 2));  // half expected
   CHECK(in_first_half < 0.52 * (n / 2));
 }
 

@@ -35,7 +35,8 @@ constexpr std::uint64_t kMiB = 1u << 20;
 using npyfeed::test::pattern;
 using npyfeed::test::TempDir;
 
-std::string header_text(const std::string& descr, const std::string& shape, bool fortran, int major, std::size_t align) {
+std::string header_text(const std::string& descr, const std::string& shape, bool fortran, int major,
+                        std::size_t align) {
   return npyfeed::test::npy_header(descr, shape, fortran, major, align);
 }
 
@@ -84,9 +85,12 @@ LoadOptions options_for(ReadMode mode, std::size_t threads, bool populate = fals
 
 const char* mode_name(ReadMode mode) {
   switch (mode) {
-    case ReadMode::kMmap: return "mmap";
-    case ReadMode::kRead: return "read";
-    case ReadMode::kDirect: return "direct";
+    case ReadMode::kMmap:
+      return "mmap";
+    case ReadMode::kRead:
+      return "read";
+    case ReadMode::kDirect:
+      return "direct";
   }
   return "?";
 }
@@ -98,8 +102,9 @@ struct Config {
 };
 
 const Config kConfigs[] = {
-    {ReadMode::kMmap, 1, false}, {ReadMode::kMmap, 4, false}, {ReadMode::kMmap, 4, true}, {ReadMode::kMmap, 1, true},
-    {ReadMode::kRead, 1, false}, {ReadMode::kRead, 4, false}, {ReadMode::kDirect, 1, false}, {ReadMode::kDirect, 4, false},
+    {ReadMode::kMmap, 1, false},   {ReadMode::kMmap, 4, false},   {ReadMode::kMmap, 4, true},
+    {ReadMode::kMmap, 1, true},    {ReadMode::kRead, 1, false},   {ReadMode::kRead, 4, false},
+    {ReadMode::kDirect, 1, false}, {ReadMode::kDirect, 4, false},
 };
 
 void check_same(const LoadedArray& got, const NpyFile& want, const Config& c) {
@@ -225,7 +230,8 @@ TEST_CASE("one bad file among big good ones: the error names it") {
   TempDir dir;
   std::vector<std::string> paths;
   for (int i = 0; i < 6; ++i) {
-    paths.push_back(write_npy(dir.file("good" + std::to_string(i) + ".npy"), "<f4", "(786432,)", 3 * kMiB, 20 + i).path);
+    paths.push_back(
+        write_npy(dir.file("good" + std::to_string(i) + ".npy"), "<f4", "(786432,)", 3 * kMiB, 20 + i).path);
   }
   std::string bad = dir.file("bad.npy");
   write_bytes(bad, "\x93NUMPY\x01\x00\x20\x00{'descr': '<f4', 'shape': (1,)}      \n"s, {});

@@ -29,7 +29,9 @@ Bytes bytes_of(const std::string& s) {
 using npyfeed::test::npy_text;
 using npyfeed::test::preamble;
 
-Bytes npy(const std::string& dict, int major = 1, std::size_t align = 64) { return bytes_of(npy_text(dict, major, align)); }
+Bytes npy(const std::string& dict, int major = 1, std::size_t align = 64) {
+  return bytes_of(npy_text(dict, major, align));
+}
 
 using npyfeed::test::dict_of;
 
@@ -43,14 +45,15 @@ std::uint64_t at(const std::string& dict, const std::string& needle) {
 }
 
 // Expects an NpyFormatError at `offset` whose reason mentions `part`.
-void expect_error(const Bytes& b, std::uint64_t offset, const std::string& part, std::size_t cap = kDefaultMaxHeaderSize,
-                  int line = __builtin_LINE()) {
+void expect_error(const Bytes& b, std::uint64_t offset, const std::string& part,
+                  std::size_t cap = kDefaultMaxHeaderSize, int line = __builtin_LINE()) {
   try {
     parse(b, cap);
     test::report(__FILE__, line, "no NpyFormatError (expected one about '" + part + "')");
   } catch (const NpyFormatError& e) {
     if (e.offset() != offset) {
-      test::report(__FILE__, line, "offset " + std::to_string(e.offset()) + ", expected " + std::to_string(offset) + ": " + e.what());
+      test::report(__FILE__, line,
+                   "offset " + std::to_string(e.offset()) + ", expected " + std::to_string(offset) + ": " + e.what());
     }
     if (!contains(e.reason(), part)) test::report(__FILE__, line, "reason '" + e.reason() + "' lacks '" + part + "'");
     if (!e.path().empty()) test::report(__FILE__, line, "the parser named a path: " + e.path());
@@ -88,7 +91,7 @@ TEST_CASE("v2 and v3 headers use a 4-byte length") {
     CHECK_EQ(npy_header_end(std::span<const std::byte>(b).first(kMaxPreambleSize)), b.size());
   }
   // A v2 header longer than 65535 bytes (the reason v2 exists), under a raised cap.
-  std::string big = "{'descr': [" ;
+  std::string big = "{'descr': [";
   for (int i = 0; i < 5000; ++i) big += "('field" + std::to_string(i) + "', '<u1'), ";
   big += "], 'fortran_order': False, 'shape': (2,)}";
   Bytes b = npy(big, 2);
@@ -139,9 +142,9 @@ TEST_CASE("byte orders") {
     bool swapped;
   };
   const Case cases[] = {
-      {"'<i8'", 'i', 8, false}, {"'>i8'", 'i', 8, true},  {"'|u1'", 'u', 1, false}, {"'>u1'", 'u', 1, false},
-      {"'=f8'", 'f', 8, false}, {"'<f2'", 'f', 2, false}, {"'>f2'", 'f', 2, true},  {"'|b1'", 'b', 1, false},
-      {"'?'", 'b', 1, false},   {"'<c16'", 'c', 16, false}, {"'>c8'", 'c', 8, true}, {"'<u4'", 'u', 4, false},
+      {"'<i8'", 'i', 8, false}, {"'>i8'", 'i', 8, true},    {"'|u1'", 'u', 1, false}, {"'>u1'", 'u', 1, false},
+      {"'=f8'", 'f', 8, false}, {"'<f2'", 'f', 2, false},   {"'>f2'", 'f', 2, true},  {"'|b1'", 'b', 1, false},
+      {"'?'", 'b', 1, false},   {"'<c16'", 'c', 16, false}, {"'>c8'", 'c', 8, true},  {"'<u4'", 'u', 4, false},
   };
   for (const Case& c : cases) {
     NpyHeader h = parse(npy(dict_of(c.descr, "(2,)")));
@@ -231,15 +234,15 @@ TEST_CASE("a (descr, shape) subarray as the whole descr") {
 TEST_CASE("indentation outside brackets, as ast.literal_eval reads it") {
   const std::string dict = dict_of("'<i2'", "(4,)");
   // Leading spaces and tabs are stripped; blank lines, comments, form feeds and continuations are fine.
-  for (const std::string& prefix : {" \t "s, "\n"s, "\r\n"s, "\r"s, "#c\n"s, "  #c\n"s, "\n  #c\n"s, "\n  \n"s,
-                                    "\\\n"s, "\f"s, "\n\f"s, "\n \f"s, " \f"s, "\n\\\n"s}) {
+  for (const std::string& prefix : {" \t "s, "\n"s, "\r\n"s, "\r"s, "#c\n"s, "  #c\n"s, "\n  #c\n"s, "\n  \n"s, "\\\n"s,
+                                    "\f"s, "\n\f"s, "\n \f"s, " \f"s, "\n\\\n"s}) {
     CHECK_EQ(parse(npy(prefix + dict)).nbytes, 8u);
   }
   // An indented first line (after a newline, a comment line, a continuation or a form feed) is an
   // "unexpected indent", as in Python; the offset is the start of that line.
-  const std::pair<std::string, std::uint64_t> indented[] = {
-      {"\n "s, 11}, {"\n\t"s, 11}, {"\r "s, 11}, {"#c\n "s, 13}, {"\\\n "s, 10}, {"\f "s, 10}, {"\n \\\n"s, 11},
-      {"\f \\\n\f"s, 10}};
+  const std::pair<std::string, std::uint64_t> indented[] = {{"\n "s, 11},     {"\n\t"s, 11},     {"\r "s, 11},
+                                                            {"#c\n "s, 13},   {"\\\n "s, 10},    {"\f "s, 10},
+                                                            {"\n \\\n"s, 11}, {"\f \\\n\f"s, 10}};
   for (const auto& [prefix, offset] : indented) expect_error(npy(prefix + dict), offset, "unexpected indent");
   // After the literal: blank lines and comments are fine (a comment line however indented), but not a last
   // line of only spaces without a newline.
@@ -330,8 +333,9 @@ TEST_CASE("malformed header text") {
   // Errors about a value point at that value.
   const std::pair<std::string, std::string> bad_values[] = {
       {dict_of("'<i2'", "(4,)", "0"), "0,"}, {dict_of("'<i2'", "(4,)", "'False'"), "'False'"},
-      {dict_of("'<i2'", "[4]"), "[4]"}, {dict_of("'<i2'", "4"), "4,"}, {dict_of("'<i2'", "('4',)"), "'4'"},
-      {dict_of("'<i2'", "(None,)"), "None"}, {dict_of("'<i2'", "(4, -1)"), "-1"}};
+      {dict_of("'<i2'", "[4]"), "[4]"},      {dict_of("'<i2'", "4"), "4,"},
+      {dict_of("'<i2'", "('4',)"), "'4'"},   {dict_of("'<i2'", "(None,)"), "None"},
+      {dict_of("'<i2'", "(4, -1)"), "-1"}};
   for (const auto& [dict, where] : bad_values) {
     expect_error(npy(dict), at(dict, where), contains(dict, "-1") ? "negative dimension" : "is not a");
   }
@@ -351,7 +355,8 @@ TEST_CASE("malformed header text") {
   expect_error(npy(nul), t + 12, "NUL");
   // Nesting bombs stop at the depth limit (the dict is depth 0, the first '[' at text offset 10 depth 1, so the
   // 33rd '[' at offset 42 is one too many) instead of exhausting the stack.
-  std::string deep = "{'descr': " + std::string(200, '[') + std::string(200, ']') + ", 'fortran_order': False, 'shape': ()}";
+  std::string deep =
+      "{'descr': " + std::string(200, '[') + std::string(200, ']') + ", 'fortran_order': False, 'shape': ()}";
   expect_error(npy(deep), t + 42, "nested too deeply");
 }
 
@@ -366,14 +371,30 @@ TEST_CASE("dtypes that must be refused") {
   std::string nested = dict_of("[('a', [('b', ('<i4', (2,))), ('c', ('|O', 3))])]", "(2,)");
   expect_error(npy(nested), at(nested, "'|O'"), "never unpickles");
   // Each error points at the offending value (`where`, the first match in the header text).
-  const std::pair<const char*, const char*> cases[] = {
-      {"'<i3'", "'<i3'"}, {"'<x4'", "'<x4'"}, {"'<f3'", "'<f3'"}, {"'<c4'", "'<c4'"}, {"''", "''"}, {"'<'", "'<'"},
-      {"'<M4'", "'<M4'"}, {"'<M8[n-s]'", "'<M8"}, {"'<i4x'", "'<i4x'"}, {"1", "1,"}, {"None", "None"},
-      {"[('a',)]", "('a',)"}, {"[('a', '<i4', -1)]", "-1"}, {"[('a', '<i4', (2, -1))]", "-1"}, {"[(1, '<i4')]", "1,"},
-      {"'<U99999999999999999999'", "'<U9"}, {"[('a', ('<i4',))]", "('<i4',)"}, {"[('a', ('<i4', 'x'))]", "'x'"},
-      {"[('a', ('<i4', (2,)), (True,))]", "True"}, {"[('a', [('b', '<i3')], 2)]", "'<i3'"},
-      {"[('a', ('<f8', (5,)), (2,)), ('b', ('<f8', (-5,)))]", "-5"}, {"('<i4', (2,))", "('<i4'"},
-      {"('<i4', (-1,))", "-1"}, {"(('<i4', (1,)), ('x',))", "'x'"}};
+  const std::pair<const char*, const char*> cases[] = {{"'<i3'", "'<i3'"},
+                                                       {"'<x4'", "'<x4'"},
+                                                       {"'<f3'", "'<f3'"},
+                                                       {"'<c4'", "'<c4'"},
+                                                       {"''", "''"},
+                                                       {"'<'", "'<'"},
+                                                       {"'<M4'", "'<M4'"},
+                                                       {"'<M8[n-s]'", "'<M8"},
+                                                       {"'<i4x'", "'<i4x'"},
+                                                       {"1", "1,"},
+                                                       {"None", "None"},
+                                                       {"[('a',)]", "('a',)"},
+                                                       {"[('a', '<i4', -1)]", "-1"},
+                                                       {"[('a', '<i4', (2, -1))]", "-1"},
+                                                       {"[(1, '<i4')]", "1,"},
+                                                       {"'<U99999999999999999999'", "'<U9"},
+                                                       {"[('a', ('<i4',))]", "('<i4',)"},
+                                                       {"[('a', ('<i4', 'x'))]", "'x'"},
+                                                       {"[('a', ('<i4', (2,)), (True,))]", "True"},
+                                                       {"[('a', [('b', '<i3')], 2)]", "'<i3'"},
+                                                       {"[('a', ('<f8', (5,)), (2,)), ('b', ('<f8', (-5,)))]", "-5"},
+                                                       {"('<i4', (2,))", "('<i4'"},
+                                                       {"('<i4', (-1,))", "-1"},
+                                                       {"(('<i4', (1,)), ('x',))", "'x'"}};
   for (const auto& [descr, where] : cases) {
     std::string dict = dict_of(descr, "(2,)");
     expect_error(npy(dict), at(dict, where), "");

@@ -103,9 +103,7 @@ TEST_CASE("all workers are used when items block") {
   // Four items that each wait until all four have started: only possible if four threads run them.
   ThreadPool pool(4);
   Gate gate;
-  auto job = pool.start(4, 4, [&](std::size_t) {
-    gate.arrive_and_wait();
-  });
+  auto job = pool.start(4, 4, [&](std::size_t) { gate.arrive_and_wait(); });
   gate.wait_for_arrivals(4);
   gate.open();
   job->wait();

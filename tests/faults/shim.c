@@ -105,38 +105,38 @@ static mode_t mode_arg(int flags, va_list ap) {
   return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? (mode_t)va_arg(ap, int) : 0;
 }
 
-#define WRAP_OPEN(name)                                                         \
-  int name(const char* path, int flags, ...) {                                  \
-    static int (*next)(const char*, int, ...);                                  \
-    if (!next) next = (int (*)(const char*, int, ...))real(#name);              \
-    va_list ap;                                                                 \
-    va_start(ap, flags);                                                        \
-    mode_t mode = mode_arg(flags, ap);                                          \
-    va_end(ap);                                                                 \
-    return remember(next(path, flags, mode), path);                             \
+#define WRAP_OPEN(name)                                            \
+  int name(const char* path, int flags, ...) {                     \
+    static int (*next)(const char*, int, ...);                     \
+    if (!next) next = (int (*)(const char*, int, ...))real(#name); \
+    va_list ap;                                                    \
+    va_start(ap, flags);                                           \
+    mode_t mode = mode_arg(flags, ap);                             \
+    va_end(ap);                                                    \
+    return remember(next(path, flags, mode), path);                \
   }
 WRAP_OPEN(open)
 WRAP_OPEN(open64)
 
-#define WRAP_OPENAT(name)                                                       \
-  int name(int dirfd, const char* path, int flags, ...) {                       \
-    static int (*next)(int, const char*, int, ...);                             \
-    if (!next) next = (int (*)(int, const char*, int, ...))real(#name);         \
-    va_list ap;                                                                 \
-    va_start(ap, flags);                                                        \
-    mode_t mode = mode_arg(flags, ap);                                          \
-    va_end(ap);                                                                 \
-    return remember(next(dirfd, path, flags, mode), path);                      \
+#define WRAP_OPENAT(name)                                               \
+  int name(int dirfd, const char* path, int flags, ...) {               \
+    static int (*next)(int, const char*, int, ...);                     \
+    if (!next) next = (int (*)(int, const char*, int, ...))real(#name); \
+    va_list ap;                                                         \
+    va_start(ap, flags);                                                \
+    mode_t mode = mode_arg(flags, ap);                                  \
+    va_end(ap);                                                         \
+    return remember(next(dirfd, path, flags, mode), path);              \
   }
 WRAP_OPENAT(openat)
 WRAP_OPENAT(openat64)
 
 /* What _FORTIFY_SOURCE builds call instead of open/openat. */
-#define WRAP_OPEN_2(name)                                                       \
-  int name(const char* path, int flags) {                                       \
-    static int (*next)(const char*, int);                                       \
-    if (!next) next = (int (*)(const char*, int))real(#name);                   \
-    return remember(next(path, flags), path);                                   \
+#define WRAP_OPEN_2(name)                                     \
+  int name(const char* path, int flags) {                     \
+    static int (*next)(const char*, int);                     \
+    if (!next) next = (int (*)(const char*, int))real(#name); \
+    return remember(next(path, flags), path);                 \
   }
 WRAP_OPEN_2(__open_2)
 WRAP_OPEN_2(__open64_2)
@@ -153,8 +153,8 @@ static ssize_t faulty_pread(ssize_t (*next)(int, void*, size_t, off_t), int fd, 
     return next(fd, buf, count, offset);
   }
   long n = __atomic_add_fetch(&g_reads, 1, __ATOMIC_SEQ_CST);
-  int hit = n >= g_nth && (g_count == 0 || n < g_nth + g_count) && (n - g_nth) % g_every == 0 &&
-            strcmp(g_mode, "none") != 0;
+  int hit =
+      n >= g_nth && (g_count == 0 || n < g_nth + g_count) && (n - g_nth) % g_every == 0 && strcmp(g_mode, "none") != 0;
   if (!hit) return next(fd, buf, count, offset);
   __atomic_add_fetch(&g_faults, 1, __ATOMIC_SEQ_CST);
   __atomic_store_n(&g_fault_offset, (long)offset, __ATOMIC_SEQ_CST);
@@ -201,12 +201,12 @@ static ssize_t faulty_pread(ssize_t (*next)(int, void*, size_t, off_t), int fd, 
 
 ssize_t pread(int fd, void* buf, size_t count, off_t offset) {
   static ssize_t (*next)(int, void*, size_t, off_t);
-  if (!next) next = (ssize_t(*)(int, void*, size_t, off_t))real("pread");
+  if (!next) next = (ssize_t (*)(int, void*, size_t, off_t))real("pread");
   return faulty_pread(next, fd, buf, count, offset);
 }
 
 ssize_t pread64(int fd, void* buf, size_t count, off_t offset) {
   static ssize_t (*next)(int, void*, size_t, off_t);
-  if (!next) next = (ssize_t(*)(int, void*, size_t, off_t))real("pread64");
+  if (!next) next = (ssize_t (*)(int, void*, size_t, off_t))real("pread64");
   return faulty_pread(next, fd, buf, count, offset);
 }

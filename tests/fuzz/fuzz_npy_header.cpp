@@ -22,12 +22,12 @@
 
 using namespace npyfeed;
 
-#define NPYFEED_FUZZ_CHECK(cond)                                      \
-  do {                                                                \
-    if (!(cond)) {                                                    \
+#define NPYFEED_FUZZ_CHECK(cond)                                                 \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
       std::fprintf(stderr, "invariant broken: %s (line %d)\n", #cond, __LINE__); \
-      std::abort();                                                   \
-    }                                                                 \
+      std::abort();                                                              \
+    }                                                                            \
   } while (0)
 
 namespace {
@@ -46,8 +46,10 @@ void check_invariants(const NpyHeader& h, std::span<const std::byte> bytes, std:
   unsigned __int128 count = 1;
   for (std::int64_t d : h.shape) {
     NPYFEED_FUZZ_CHECK(d >= 0);
-    if (d == 0) zero = true;
-    else count *= static_cast<std::uint64_t>(d);
+    if (d == 0)
+      zero = true;
+    else
+      count *= static_cast<std::uint64_t>(d);
     NPYFEED_FUZZ_CHECK(count <= UINT64_MAX);  // else the parser should have refused it
   }
   if (zero) count = 0;
@@ -55,7 +57,8 @@ void check_invariants(const NpyHeader& h, std::span<const std::byte> bytes, std:
   NPYFEED_FUZZ_CHECK(static_cast<unsigned __int128>(h.count) * h.itemsize == h.nbytes);
   NPYFEED_FUZZ_CHECK(h.nbytes <= static_cast<std::uint64_t>(INT64_MAX));
   NPYFEED_FUZZ_CHECK(descr_itemsize(h.descr) == h.itemsize);
-  if (!h.descr_text.empty()) NPYFEED_FUZZ_CHECK(h.descr.kind == detail::PyLiteral::Kind::kStr && h.descr.str == h.descr_text);
+  if (!h.descr_text.empty())
+    NPYFEED_FUZZ_CHECK(h.descr.kind == detail::PyLiteral::Kind::kStr && h.descr.str == h.descr_text);
   if (h.scalar.kind != '\0') NPYFEED_FUZZ_CHECK(h.scalar.size == h.itemsize);
   // Every value of the descr knows where it starts in the file: inside the header text.
   const std::uint64_t text_start = h.major_version == 1 ? 10 : 12;
@@ -92,9 +95,15 @@ std::string wrap(unsigned char selector, std::string_view value) {
   std::string v(value);
   std::string dict;
   switch (selector % 3) {
-    case 0: dict = "{'descr': " + v + ", 'fortran_order': False, 'shape': (2, 3)}"; break;
-    case 1: dict = "{'descr': '<f8', 'fortran_order': False, 'shape': " + v + "}"; break;
-    default: dict = "{'descr': '<i2', 'fortran_order': " + v + ", 'shape': ()}"; break;
+    case 0:
+      dict = "{'descr': " + v + ", 'fortran_order': False, 'shape': (2, 3)}";
+      break;
+    case 1:
+      dict = "{'descr': '<f8', 'fortran_order': False, 'shape': " + v + "}";
+      break;
+    default:
+      dict = "{'descr': '<i2', 'fortran_order': " + v + ", 'shape': ()}";
+      break;
   }
   int major = (selector & 4) != 0 ? 3 : 1;
   std::size_t pre = major == 1 ? 10 : 12;

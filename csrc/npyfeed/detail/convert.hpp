@@ -37,8 +37,8 @@ inline float half_to_float(std::uint16_t h) {
 template <class T>
 inline T load_element(const std::byte* p, bool swapped) {
   using U = std::conditional_t<sizeof(T) == 1, std::uint8_t,
-            std::conditional_t<sizeof(T) == 2, std::uint16_t,
-            std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>>;
+                               std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                                                  std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>>;
   U u;
   std::memcpy(&u, p, sizeof(T));
   if constexpr (sizeof(T) > 1) {
@@ -66,11 +66,15 @@ inline void convert_loop(const std::byte* src, std::size_t n, Out* dst, bool swa
 /// True when `convert` can convert from `type`.
 inline bool convertible(const ScalarType& type) {
   switch (type.kind) {
-    case 'b': return type.size == 1;
+    case 'b':
+      return type.size == 1;
     case 'i':
-    case 'u': return type.size == 1 || type.size == 2 || type.size == 4 || type.size == 8;
-    case 'f': return type.size == 2 || type.size == 4 || type.size == 8;
-    default: return false;
+    case 'u':
+      return type.size == 1 || type.size == 2 || type.size == 4 || type.size == 8;
+    case 'f':
+      return type.size == 2 || type.size == 4 || type.size == 8;
+    default:
+      return false;
   }
 }
 
@@ -87,27 +91,38 @@ void convert(const std::byte* src, const ScalarType& type, std::size_t n, Out* d
       return;
     case 'i':
       switch (type.size) {
-        case 1: return convert_loop<std::int8_t>(src, n, dst, false);
-        case 2: return convert_loop<std::int16_t>(src, n, dst, type.swapped);
-        case 4: return convert_loop<std::int32_t>(src, n, dst, type.swapped);
-        case 8: return convert_loop<std::int64_t>(src, n, dst, type.swapped);
+        case 1:
+          return convert_loop<std::int8_t>(src, n, dst, false);
+        case 2:
+          return convert_loop<std::int16_t>(src, n, dst, type.swapped);
+        case 4:
+          return convert_loop<std::int32_t>(src, n, dst, type.swapped);
+        case 8:
+          return convert_loop<std::int64_t>(src, n, dst, type.swapped);
       }
       break;
     case 'u':
       switch (type.size) {
-        case 1: return convert_loop<std::uint8_t>(src, n, dst, false);
-        case 2: return convert_loop<std::uint16_t>(src, n, dst, type.swapped);
-        case 4: return convert_loop<std::uint32_t>(src, n, dst, type.swapped);
-        case 8: return convert_loop<std::uint64_t>(src, n, dst, type.swapped);
+        case 1:
+          return convert_loop<std::uint8_t>(src, n, dst, false);
+        case 2:
+          return convert_loop<std::uint16_t>(src, n, dst, type.swapped);
+        case 4:
+          return convert_loop<std::uint32_t>(src, n, dst, type.swapped);
+        case 8:
+          return convert_loop<std::uint64_t>(src, n, dst, type.swapped);
       }
       break;
     case 'f':
       switch (type.size) {
         case 2:
-          for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<Out>(half_to_float(load_element<std::uint16_t>(src + 2 * i, type.swapped)));
+          for (std::size_t i = 0; i < n; ++i)
+            dst[i] = static_cast<Out>(half_to_float(load_element<std::uint16_t>(src + 2 * i, type.swapped)));
           return;
-        case 4: return convert_loop<float>(src, n, dst, type.swapped);
-        case 8: return convert_loop<double>(src, n, dst, type.swapped);
+        case 4:
+          return convert_loop<float>(src, n, dst, type.swapped);
+        case 8:
+          return convert_loop<double>(src, n, dst, type.swapped);
       }
       break;
   }

@@ -15,9 +15,9 @@ struct PyLiteral {
   Kind kind = Kind::kNone;
   bool boolean = false;
   std::int64_t integer = 0;
-  std::string str;                // utf-8
-  std::vector<PyLiteral> items;   // tuple/list elements; dict as key, value, key, value...
-  std::size_t position = 0;       // where the value starts in the text (parse_npy_header makes it a file offset)
+  std::string str;               // utf-8
+  std::vector<PyLiteral> items;  // tuple/list elements; dict as key, value, key, value...
+  std::size_t position = 0;      // where the value starts in the text (parse_npy_header makes it a file offset)
 
   bool is_int_like() const { return kind == Kind::kInt || kind == Kind::kBool; }
   std::int64_t as_int() const { return kind == Kind::kBool ? (boolean ? 1 : 0) : integer; }
