@@ -27,7 +27,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-
 import npyfeed  # noqa: E402
 
 TABLE_HEADER = ("contender", "cache", "thr", "best s", "median s", "cpu s", "GB/s", "x np.load loop", "limit", "x limit")
@@ -181,7 +180,7 @@ def main(argv=None) -> int:
             log(f"{cache} round {r + 1}/{args.repeats} ...")
             for name, fn, mult, kind in order:
                 n = max(1, mult * threads)
-                wall, cpu = common.time_once(lambda: fn(paths, n), before=before)
+                wall, cpu = common.time_once(lambda fn=fn, n=n: fn(paths, n), before=before)
                 t = timings.setdefault((name, cache), common.Timing(name, cache, [], ds.nbytes, note=kind, threads=n))
                 t.times.append(wall)
                 t.cpu_times.append(cpu)

@@ -58,7 +58,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-
 import npyfeed  # noqa: E402
 
 TABLE_HEADER = ("contender", "src", "cache", "batches", "samples/s", "median", "1st ms", "cpu us/smp", "x (a)",

@@ -9,12 +9,11 @@ import sys
 import threading
 from pathlib import Path
 
+import npyfeed
 import numpy as np
 import pytest
-
-import npyfeed
-from npyfeed import cli
 from corpus import make_corpus as mc
+from npyfeed import cli
 
 
 def run_cli(*args, timeout=120):

@@ -15,10 +15,9 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
+import npyfeed
 import numpy as np
 import pytest
-
-import npyfeed
 
 MiB = 1 << 20
 FILES = 8

@@ -6,10 +6,9 @@ import os
 import subprocess
 import sys
 
+import npyfeed
 import numpy as np
 import pytest
-
-import npyfeed
 from npyfeed.demo import generate
 
 TINY = ["--keys", "3", "--rows", "300", "--features", "8", "--labels", "2", "--window", "10",

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import importlib.util
 
+import npyfeed
 import numpy as np
 import pytest
-
-import npyfeed
 
 if importlib.util.find_spec("tensorflow") is None:
     pytest.skip("TensorFlow is not installed", allow_module_level=True)
@@ -32,9 +31,7 @@ BATCH = 16
 @pytest.fixture(scope="module")
 def tf():
     tf = pytest.importorskip("tensorflow")
-    try:
-        tf.estimator.Estimator
-    except AttributeError:
+    if not hasattr(tf, "estimator") or not hasattr(tf.estimator, "Estimator"):
         pytest.skip(f"tf.estimator does not exist in TensorFlow {tf.__version__} (removed in 2.16)")
     import npyfeed.tf  # noqa: F401
 

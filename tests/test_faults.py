@@ -19,10 +19,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import npyfeed
 import numpy as np
 import pytest
-
-import npyfeed
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD, /proc and O_DIRECT are Linux")
 

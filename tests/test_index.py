@@ -8,10 +8,9 @@ rows were read.
 
 from __future__ import annotations
 
+import npyfeed
 import numpy as np
 import pytest
-
-import npyfeed
 
 W = 2
 

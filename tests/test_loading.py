@@ -17,10 +17,9 @@ import zlib
 from collections import OrderedDict
 from pathlib import Path
 
+import npyfeed
 import numpy as np
 import pytest
-
-import npyfeed
 from _sandbox import run_on_ramfs, run_unprivileged, shared_dir
 
 MODES = ("auto", "mmap", "read", "direct")

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import os
 
+import npyfeed
 import numpy as np
 import pytest
-
-import npyfeed
 from npyfeed import _core
 
 MODES = ("auto", "mmap", "read", "direct")

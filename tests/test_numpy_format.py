@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import warnings
 
+import npyfeed
 import numpy as np
 import pytest
-
-import npyfeed
 from conftest import NUMPY_2
 
 MODES = ("read", "mmap", "direct", "load_many")
@@ -151,7 +150,7 @@ def test_errors_point_at_the_offending_field(tmp_path, descr_text, bad):
             call(path)
         assert info.value.offset == blob.index(bad.encode()), info.value
         assert f"at byte {info.value.offset}" in str(info.value)
-    with pytest.raises(Exception):  # numpy refuses each of them too
+    with pytest.raises(Exception):  # noqa: B017 - numpy refuses each of them too, with various types
         np.load(path)
 
 

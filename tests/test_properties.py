@@ -12,11 +12,10 @@ import zlib
 
 import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
+import npyfeed
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-
-import npyfeed
 
 MODES = ("auto", "mmap", "read", "direct")
 VERSIONS = [(1, 0), (2, 0), (3, 0)]

@@ -8,9 +8,8 @@ import inspect
 import re
 from pathlib import Path
 
-import pytest
-
 import npyfeed
+import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

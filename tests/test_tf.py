@@ -22,10 +22,9 @@ import sys
 import textwrap
 import time
 
+import npyfeed
 import numpy as np
 import pytest
-
-import npyfeed
 
 if importlib.util.find_spec("tensorflow") is None:
     pytest.skip("TensorFlow is not installed", allow_module_level=True)

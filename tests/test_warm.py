@@ -13,12 +13,10 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
-
-import numpy as np
-import pytest
 
 import npyfeed
+import numpy as np
+import pytest
 from npyfeed.cli import main as cli_main
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -11,10 +11,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import npyfeed
 import numpy as np
 import pytest
-
-import npyfeed
 from _sandbox import run_on_ramfs, run_unprivileged, shared_dir
 
 FILE_MODES = ("mmap", "read", "direct")

@@ -25,10 +25,9 @@ import time
 import zlib
 from pathlib import Path
 
+import npyfeed
 import numpy as np
 import pytest
-
-import npyfeed
 
 MODES = ("auto", "mmap", "read", "direct", "arrays")  # "arrays": WindowSource.from_arrays over np.load'ed arrays
 FILE_MODES = ("auto", "mmap", "read", "direct")
@@ -603,7 +602,7 @@ def test_bounds_error_for_each_kind_of_bad_line(tmp_path, bounds_dataset, positi
     else:
         assert f"label row {li}" in message
         assert str(ds.label_dir / f"{key}.npy") in message
-    with pytest.raises(IndexError, match=r"<index list>:1: key '%s'" % key):
+    with pytest.raises(IndexError, match=rf"<index list>:1: key '{key}'"):
         npyfeed.WindowSource.from_arrays([(fi, li, key)], ds.factors, ds.labels, 5)
 
 
@@ -1286,7 +1285,7 @@ def test_gil_released_during_gathers(large_dataset, mode):
         started.wait()
         before = state["cycles"]
         calls = 0
-        for x, y in src.batches(512, prefetch=1):  # 52 MB per batch
+        for _ in src.batches(512, prefetch=1):  # 52 MB per batch
             calls += 1
         x, y = src.get(np.arange(1024))  # 105 MB in one gather
         calls += 1

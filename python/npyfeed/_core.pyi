@@ -1,5 +1,6 @@
 # Type stubs for npyfeed's C++ module. Users import the public names from `npyfeed`, not from here.
-from typing import Callable, Sequence
+from collections.abc import Sequence
+from typing import Callable
 
 import numpy as np
 

@@ -150,7 +150,7 @@ def _run(args, root: str) -> int:
 
     def npyfeed_batches():
         with src.batches(B, shuffle=True, seed=0) as it:
-            for b, _ in zip(range(nb), it):
+            for _ in zip(range(nb), it):
                 pass
 
     t, _ = _time(npyfeed_batches)

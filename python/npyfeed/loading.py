@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, MutableMapping, Sequence
+from typing import Callable
 
 import numpy as np
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -108,7 +108,7 @@ class WindowSource:
 
     @classmethod
     def from_arrays(cls, index, factors: Mapping, labels: Mapping, window: int, *, threads: int | None = None,
-                    dtype="float32", bounds: str = "error") -> "WindowSource":
+                    dtype="float32", bounds: str = "error") -> WindowSource:
         """Window samples over arrays already in memory, e.g. the dict from `load_factor_files`.
 
         Parameters
@@ -248,7 +248,7 @@ class WindowSource:
 
     def batches(self, batch_size: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0, num_shards: int = 1,
                 shard_index: int = 0, drop_remainder: bool = False, prefetch: int = 2,
-                start_batch: int = 0) -> "BatchIterator":
+                start_batch: int = 0) -> BatchIterator:
         """Iterate over one epoch as ``(x, y)`` numpy batches, gathered ahead in C++.
 
         Parameters
