@@ -577,15 +577,16 @@ def test_stopping_early_and_exiting_does_not_hang(scripts, name):
 def test_without_the_exit_hook_exit_deadlocks(scripts):
     # The control for exit_with_gather_in_flight: the same script with the hook unregistered is still running
     # HANG_S after it began to exit (TensorFlow's deadlock), and is killed. Whether the in-flight call meets
-    # finalization is a matter of timing on a loaded machine (one run in a few dozen got past it): one hang in up
-    # to 3 attempts is the proof.
+    # finalization is a matter of timing: it reproduced in every run on one loaded machine and in none of 8 runs on
+    # another (quiet or not). A run where it does not reproduce is an xfail, not a failure: the hook's test then
+    # proves less, which the xfail reports.
     for attempt in range(3):
         try:
             scripts.hang("exit_with_gather_in_flight_without_hook")
             return
-        except AssertionError:
+        except AssertionError as e:
             if attempt == 2:
-                raise
+                pytest.xfail(f"the exit deadlock did not reproduce in 3 attempts: {str(e).splitlines()[0]}")
             scripts.rerun("exit_with_gather_in_flight_without_hook")
 
 
