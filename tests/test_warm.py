@@ -32,8 +32,14 @@ def _evict(path) -> None:
 
 
 def _resident_pages(path) -> tuple:
-    """(pages in the page cache, pages) of `path`: mincore over a mapping made here through ctypes (a probe by
-    reading, even with RWF_NOWAIT, would start readahead and change what it measures)."""
+    """(pages in the page cache, pages) of `path`."""
+    vector = _residency(path)
+    return sum(vector), len(vector)
+
+
+def _residency(path) -> list:
+    """Per page of `path`, whether it is in the page cache: mincore over a mapping made here through ctypes (a
+    probe by reading, even with RWF_NOWAIT, would start readahead and change what it measures)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
@@ -44,13 +50,13 @@ def _resident_pages(path) -> tuple:
         size = os.fstat(fd).st_size
         pages = -(-size // PAGE)
         if size == 0:
-            return 0, 0
+            return []
         address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
         try:
             vector = ctypes.create_string_buffer(pages)
             assert libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
-            return sum(b & 1 for b in vector.raw[:pages]), pages
+            return [bool(b & 1) for b in vector.raw[:pages]]
         finally:
             libc.munmap(address, size)
     finally:
@@ -128,11 +134,20 @@ def test_a_large_file_is_read_in_pieces_that_skip_resident_ones(tmp_path):
     _evict(path)
     if _resident_pages(path)[0] > 0:
         pytest.skip("this filesystem keeps evicted pages resident")
-    with open(path, "rb") as f:  # the first piece is cached
-        f.read(8 << 20)
-    report = npyfeed.warm(path, threads=2)
+    fd = os.open(path, os.O_RDONLY)
+    try:  # the first piece is cached (kernel readahead may cache some of the next one too)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        os.pread(fd, 8 << 20, 0)
+    finally:
+        os.close(fd)
     size = path.stat().st_size
-    assert report.bytes_read == size - (8 << 20)
+    piece_pages = (8 << 20) // PAGE
+    vector = _residency(path)
+    pieces = [vector[k:k + piece_pages] for k in range(0, len(vector), piece_pages)]
+    assert all(pieces[0]) and not all(pieces[-1])
+    expected = sum(min(8 << 20, size - k * (8 << 20)) for k, piece in enumerate(pieces) if not all(piece))
+    report = npyfeed.warm(path, threads=2)
+    assert report.bytes_read == expected <= size - (8 << 20)  # whole pieces, and never the resident first one
     assert report.resident_after == size
 
 
