@@ -33,3 +33,18 @@ def test_bench_load_quick(tmp_path):
     assert ("np.load loop", "cold") in names
     assert {"memcpy_1", "odirect_seq"} <= set(result["limits_gbps"])
     assert result["max_residency_after_evict"] < 0.5  # eviction worked: the cold rows were cold
+
+
+def test_bench_node_quick(tmp_path):
+    out = tmp_path / "node.json"
+    proc = run_bench("bench_node.py", tmp_path, "--single", "--users", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 processes started together" in proc.stdout and "targets" in proc.stdout
+    result = json.loads(out.read_text())
+    for run in ("npyfeed_single", "npyfeed", "users"):
+        for r in result["runs"][run]["results"]:
+            assert "error" not in r, r
+            assert r["private"] > 0 and r["pss"] > 0 and r["samples_per_s"] > 0
+    # the index was read whole: one sample per row from row W-1 on, for every key
+    assert len(result["runs"]["npyfeed"]["results"]) == 2
+    assert result["runs"]["npyfeed"]["results"][0]["samples"] == 6 * (400 - 99)
