@@ -15,7 +15,9 @@ seed=--seed)``), into float32 batches:
   (d) numpy vectorised     the best numpy we know: setup stacks every key into one (K, T, F) float32 array (source
                            dtype converted once) and builds a zero-copy window view (K*T-W+1, W, F) over it (a
                            sliding window with the window axis in the middle); a batch is then ONE fancy index
-                           ``windows[row0[ids]]`` plus one for labels. Only that per-batch gather is timed
+                           ``windows[row0[ids]]`` plus one for labels. Only that per-batch gather is timed.
+                           One thread: numpy's fancy index is memory-bound here, and splitting a batch over 2
+                           threads measured no gain (97k vs 71-100k samples/s)
   mmap slicing             np.load(mmap_mode="r") of every file, then per sample ``x[i] = mm[key][a:b]`` in a
                            Python loop (the cold-cache baseline of the issue)
   (e) npyfeed <mode>       WindowSource(..., mode).batches(B, shuffle=True, seed): the numpy iterator, C++ gather
@@ -24,16 +26,17 @@ seed=--seed)``), into float32 batches:
 
 Warm = every data file in the page cache (read once before the warm rounds); cold = every data file evicted
 (posix_fadvise DONTNEED, residency checked with mincore) before EACH cold measurement. Sources that map files are
-opened fresh for every measurement (untimed), as a new training process would: mapped pages cannot be evicted,
+opened fresh for every measurement, as a new training process would (the open is timed in cold rows only): mapped pages cannot be evicted,
 and a reused mapping would have its pages already faulted in. The preloaded contenders (b, c, d) read no file
 after their setup, so they have no cold row; their setup (np.load of every file, cold) is shown instead.
 
 Limits, measured in the same run, interleaved with the contenders (one probe per round; best kept):
   warm  memory copy with --threads threads (common.memcpy_bandwidth), as samples/s = GB/s / bytes of one sample's
         float32 x output (W*F*4);
-  cold  the disk's O_DIRECT random-read bandwidth with --threads concurrent reads of one source window
-        (W*F*itemsize, ~100 KB for float32) at random offsets (common.odirect_random_bandwidth), as samples/s =
-        GB/s / window bytes. The same probe with more reads in flight is shown for information.
+  cold  the disk's O_DIRECT random-read bandwidth, reads of one source window (W*F*itemsize, ~100 KB for
+        float32) at random offsets (common.odirect_random_bandwidth) with 1, 4 and 16 reads in flight per thread
+        (the depths the contenders reach: page faults and preads, direct's 4 per thread, a cold batch's WILLNEED
+        hints), as samples/s = GB/s / window bytes; the best depth is the limit.
 
 Contenders run interleaved (round-robin, rotated each round) so that a noisy machine hits them alike; the table
 shows the best round (samples/s) and the median, and ratios against (a), (e) (npyfeed mmap, same dtype and cache)
@@ -61,7 +64,7 @@ import common  # noqa: E402
 import npyfeed  # noqa: E402
 
 TABLE_HEADER = ("contender", "src", "cache", "batches", "samples/s", "median", "1st ms", "cpu us/smp", "x (a)",
-                "x (e)", "limit", "x limit", "setup")
+                "x (b)", "x (e)", "limit", "x limit", "setup")
 USERS_PARALLEL_CALLS = 8  # the users' map(parser, num_parallel_calls=8) (README migration section)
 MAX_COLD_RESIDENCY = 0.02  # a cold measurement that finds more of the data cached than this is not cold
 DEFAULT_WINDOW = common.DataSpec.window  # data sets generated for this window are shared with bench_load.py
@@ -701,10 +704,11 @@ def run_dtype(args, dtype, tf, limits, log) -> tuple:
             if cache == "warm":
                 limits.setdefault(f"copy_{dtype}", []).append(
                     common.memcpy_bandwidth(args.threads, args.copy_bytes, repeats=3))
-            else:
-                rr = common.odirect_random_bandwidth(data.ds.factor_paths, args.threads, block=window_bytes,
-                                                     reads=args.random_reads, seed=rnd)
-                limits.setdefault(f"random_{dtype}", []).append(None if rr is None else rr.gbps)
+            else:  # at every queue depth a contender uses: threads, direct's 4 per thread, a batch's hints
+                for depth in probe_depths(args):
+                    rr = common.odirect_random_bandwidth(data.ds.factor_paths, depth, block=window_bytes,
+                                                         reads=args.random_reads, seed=rnd)
+                    limits.setdefault(f"random_{dtype}_qd{depth}", []).append(None if rr is None else rr.gbps)
             shift = rnd % len(active)
             for c in active[shift:] + active[:shift]:
                 r = res[c]
@@ -715,10 +719,12 @@ def run_dtype(args, dtype, tf, limits, log) -> tuple:
                     if frac is not None:
                         residency = max(residency, frac)
                         r.residency = max(r.residency, frac)
+                # Cold: the open is timed too (it reads headers, and label files in read/direct modes).
+                cpu0, t0 = _cpu_seconds(), time.perf_counter()
                 run = c.open(data, r.batches, log)
                 try:
-                    cpu0 = _cpu_seconds()
-                    t0 = time.perf_counter()
+                    if cache == "warm":
+                        cpu0, t0 = _cpu_seconds(), time.perf_counter()
                     tally = run()
                     t_end = time.perf_counter()
                     cpu = _cpu_seconds() - cpu0
@@ -740,16 +746,18 @@ def run_dtype(args, dtype, tf, limits, log) -> tuple:
                 log(f"  {cache} round {rnd + 1}/{args.repeats}  {c.name:40s} {rate:12,.0f} samples/s "
                     f"(first batch {r.first_ms[-1]:,.0f} ms)")
         results += list(res.values())
-    if "cold" in {r.cache for r in results}:
-        rr = common.odirect_random_bandwidth(data.ds.factor_paths, 4 * args.threads, block=window_bytes,
-                                             reads=args.random_reads, seed=99)
-        limits.setdefault(f"random_{dtype}_qd{4 * args.threads}", []).append(None if rr is None else rr.gbps)
     setups = {r.contender: r.contender.setup_text(data) for r in results}
     for c in contenders:
         c.open_times.clear()
     data.release()
     gc.collect()
     return results, setups, residency, window_bytes
+
+
+def probe_depths(args) -> list:
+    """Reads in flight for the disk probe: one per thread (mmap faults, read), 4 per thread (direct) and 16 per
+    thread (a cold batch's WILLNEED hints queue many windows at once); the limit is the best of them."""
+    return sorted({args.threads, 4 * args.threads, 16 * args.threads})
 
 
 def _cpu_seconds() -> float:
@@ -791,29 +799,33 @@ def main(argv=None) -> int:
         copy_gbps = best(limits.get(f"copy_{dtype}", []))
         if copy_gbps:
             limit_rate[(dtype, "warm")] = (f"copy x{args.threads}", copy_gbps * common.GB / out_sample_bytes)
-        rr = best(limits.get(f"random_{dtype}", []))
-        if rr:
-            limit_rate[(dtype, "cold")] = (f"rand read x{args.threads}", rr * common.GB / window_bytes[dtype])
+        probes = {d: best(limits.get(f"random_{dtype}_qd{d}", [])) for d in probe_depths(args)}
+        probes = {d: g for d, g in probes.items() if g}
+        if probes:
+            depth = max(probes, key=probes.get)
+            limit_rate[(dtype, "cold")] = (f"rand read qd{depth}", probes[depth] * common.GB / window_bytes[dtype])
 
     by = {(r.contender.tag if not isinstance(r.contender, Npyfeed) else f"{r.contender.tag}-{r.contender.mode}",
            r.dtype, r.cache): r for r in all_results}
     rows, results_json = [], []
     for r in all_results:
         a = by.get(("a", r.dtype, r.cache))
+        b = by.get(("b", r.dtype, "warm"))  # the users' common path: their dict (preloaded, so warm only)
         e = by.get(("e-mmap", r.dtype, r.cache))
         lim_name, lim = limit_rate.get((r.dtype, r.cache), ("-", None))
         vs_a = r.best / a.best if a else None
+        vs_b = r.best / b.best if b else None
         vs_e = r.best / e.best if e else None
         vs_lim = r.best / lim if lim else None
         rows.append([r.contender.name, r.dtype, r.cache, r.batches, f"{r.best:,.0f}", f"{r.median:,.0f}",
                      f"{statistics.median(r.first_ms):,.0f}", f"{r.best_cpu_us:,.1f}", common.fmt(vs_a, ".1f", "x"),
-                     common.fmt(vs_e, ".2f", "x"), lim_name, common.fmt(vs_lim, ".2f", "x"),
+                     common.fmt(vs_b, ".1f", "x"), common.fmt(vs_e, ".2f", "x"), lim_name, common.fmt(vs_lim, ".2f", "x"),
                      setups.get((r.contender, r.dtype), "-")])
         results_json.append({"name": r.contender.name, "tag": r.contender.tag, "dtype": r.dtype, "cache": r.cache,
                              "batches": r.batches, "samples_per_s": r.rates, "cpu_us_per_sample": r.cpu_us,
                              "first_batch_ms": r.first_ms, "best": r.best, "median": r.median,
                              "residency_before": r.residency if r.cache == "cold" else None,
-                             "vs_a": vs_a, "vs_e_mmap": vs_e, "limit": lim_name, "limit_samples_per_s": lim,
+                             "vs_a": vs_a, "vs_b": vs_b, "vs_e_mmap": vs_e, "limit": lim_name, "limit_samples_per_s": lim,
                              "vs_limit": vs_lim, "setup": setups.get((r.contender, r.dtype))})
 
     load_after = os.getloadavg()
@@ -837,24 +849,23 @@ def main(argv=None) -> int:
                              f"{out_sample_bytes} B x out"])
     for name, values in limits.items():
         if name.startswith("random_"):
-            dtype, qd = name[len("random_"):], args.threads
-            if "_qd" in dtype:
-                dtype, qd = dtype.split("_qd")
+            dtype, qd = name[len("random_"):].split("_qd")
             g = best(values)
             rate = None if g is None else g * common.GB / window_bytes[dtype]
-            lim_rows.append([f"O_DIRECT random read x{qd} ({dtype})", common.fmt(g, ".2f"),
+            lim_rows.append([f"O_DIRECT random read qd{qd} ({dtype})", common.fmt(g, ".2f"),
                              "-" if rate is None else f"{rate:,.0f}", f"{window_bytes[dtype]} B windows"])
     print(common.format_table(("limit", "GB/s", "samples/s", "per sample"), lim_rows, align="lrrl"))
     print()
-    print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrrlrl"))
+    print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrrrlrl"))
     print()
     print("samples/s = best round (median beside it); warm: counted from the first batch's arrival to the last "
           "batch's (steady state), cold: from the start (first batch included); 1st ms = median time to the first "
-          "batch (pipeline start-up, once per epoch); x (a) / x (e) = against (a) and (e) npyfeed mmap, same source "
-          "dtype and cache; cpu us/smp = CPU time of this process (all threads: npyfeed's, TensorFlow's) per sample in "
+          "batch (pipeline start-up, once per epoch; cold: the open included); x (a) / x (e) = against (a) and (e) "
+          "npyfeed mmap, same source dtype and cache; x (b) = against (b) warm, the users' common path; cpu us/smp = CPU time of this process (all threads: npyfeed's, TensorFlow's) per sample in "
           "the best round; x limit = against the limit named (warm: memory copy of the float32 x output; cold: "
-          "O_DIRECT random reads of source windows). Cold = all data files evicted before each measurement (max "
-          f"page-cache residency after eviction: {residency:.1%}). setup = untimed per-measurement open (median), "
+          "O_DIRECT random reads of source windows, the best of the queue depths probed). Cold = all data files evicted before each measurement (max "
+          f"page-cache residency after eviction: {residency:.1%}). setup = per-measurement open (median; "
+          "outside the time in warm rows, inside it in cold rows), "
           "or the one-off preload the contender needs.")
 
     not_cold = [f"{r.contender.name} {r.dtype} ({r.residency:.0%})" for r in all_results
