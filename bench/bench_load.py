@@ -12,8 +12,10 @@ with the page cache warm and cold (every file evicted before each cold repeat):
                           with populate=True
 
 and the limits, in the same run: memory copy with 1 and N threads (pre-faulted buffers), copy into fresh buffers
-(what an owned-array loader pays at least: copy + page faults), and the disk's O_DIRECT sequential read with 1 and
-N threads. Then it prints the table and the issue's targets, met or missed. See bench/README.md.
+(what an owned-array loader pays at least: copy + page faults; the limit of every warm row that returns owned
+arrays), touching every page of cached files through a mapping (the limit of "mmap populate" and "mmap + sum",
+which copy nothing), and the disk's O_DIRECT sequential read with 1, N and 4N threads (the limit of every cold
+row and of "direct": the best of those queue depths, since the contenders run with up to 4N threads). Then it prints the table and the issue's targets, met or missed. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -127,6 +129,9 @@ def measure_limits(ds, threads, quick, log):
     for t in sorted({1, threads, 4 * threads}):
         limits[f"odirect_seq_{t}"] = common.odirect_seq_bandwidth(ds.factor_paths, t)
     limits[f"odirect_seq_fresh_{threads}"] = common.odirect_seq_bandwidth(ds.factor_paths, threads, fresh=True)
+    log("measuring limits: page touch ...")
+    common.warm(ds.factor_paths)
+    limits[f"page_touch_{threads}"] = common.page_touch_bandwidth(ds.factor_paths, threads)
     return limits
 
 
@@ -154,6 +159,7 @@ def main(argv=None) -> int:
 
     limits = measure_limits(ds, threads, args.quick, log)
     mem_limit_name, disk_limit_name = f"memcpy_{threads}", "odirect_seq"
+    owned_limit_name, touch_limit_name = f"fresh_copy_{threads}", f"page_touch_{threads}"
     disk_probe_name = f"odirect_seq_{threads}"
 
     contenders = CONTENDERS
@@ -190,14 +196,17 @@ def main(argv=None) -> int:
                 fresh = f"fresh_copy_{threads}"
                 limits[fresh] = _best(limits[fresh], common.fresh_copy_bandwidth(
                     threads, ds.nbytes // spec.files, spec.files, repeats=1))
+                touch = f"page_touch_{threads}"
+                limits[touch] = _best(limits[touch], common.page_touch_bandwidth(paths, threads))
             else:
                 limits[disk_probe_name] = _best(limits[disk_probe_name],
                                                 common.odirect_seq_bandwidth(paths, threads))
                 fresh = f"odirect_seq_fresh_{threads}"
                 limits[fresh] = _best(limits[fresh], common.odirect_seq_bandwidth(paths, threads, fresh=True))
-    # The disk limit the targets use: O_DIRECT with 1 or --threads threads (what npyfeed runs with); the probe
-    # with 4x the threads (deeper queue) is shown for information.
-    limits[disk_limit_name] = _best(limits.get("odirect_seq_1"), limits.get(disk_probe_name))
+    # The disk limit: the best queue depth probed (1, --threads and 4x --threads reads in flight: the contenders
+    # run with up to 4x --threads).
+    limits[disk_limit_name] = _best(*(v for k, v in limits.items()
+                                      if k.startswith("odirect_seq_") and not k.startswith("odirect_seq_fresh")))
     load_after = common.load_average()
 
     ordered = [timings[(c[0], cache)] for cache in ("warm", "cold") for c in contenders]
@@ -208,8 +217,10 @@ def main(argv=None) -> int:
             limit_name = None
         elif t.note == "direct" or t.cache == "cold":
             limit_name = disk_limit_name  # O_DIRECT never reads the page cache: the disk is its limit, warm or not
+        elif t.note == "touch":
+            limit_name = touch_limit_name  # maps and touches pages, copies nothing
         else:
-            limit_name = mem_limit_name
+            limit_name = owned_limit_name  # new owned arrays: a copy into fresh pages at least
         limit = limits.get(limit_name) if limit_name else None
         gbps = None if t.note == "open" else t.gbps
         vs_loop = loop[t.cache].best / t.best
