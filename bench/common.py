@@ -25,6 +25,7 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -576,6 +577,9 @@ def machine_info() -> dict:
 
 
 def write_json(path: str | os.PathLike, payload: dict) -> None:
+    """`payload` as JSON, with the command line and the date (UTC) of the run added."""
+    payload = {"command": " ".join(["python3", *sys.argv]),
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **payload}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         json.dump(payload, f, indent=1, default=str)
