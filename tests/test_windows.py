@@ -14,6 +14,7 @@ corrupt files). Index parsing itself is in test_index.py.
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import re
@@ -391,6 +392,44 @@ def many_keys(tmp_path_factory) -> DataSet:
     return write_dataset(tmp_path_factory.mktemp("many"), factors, labels, entries, 3)
 
 
+@pytest.fixture(scope="module")
+def wide_keys(tmp_path_factory) -> DataSet:
+    """1000 keys (2000 files), two windows each: a batch of 1000 samples reads ~630 files at once."""
+    rng = np.random.default_rng(92)
+    factors = {f"w{k:04d}": sample_values(rng, "<f4", (300, 16)) for k in range(1000)}
+    labels = {k: sample_values(rng, "<f4", (300,)) for k in factors}
+    entries = [(int(rng.integers(2, 300)), int(rng.integers(0, 300)), k) for k in factors for _ in range(2)]
+    return write_dataset(tmp_path_factory.mktemp("wide"), factors, labels, entries, 3)
+
+
+@pytest.mark.parametrize("mode", FILE_MODES)
+def test_many_threads_stay_within_the_open_file_limit(wide_keys, low_fd_limit, mode):
+    """64 threads (256 O_DIRECT workers) over 2000 files under `ulimit -n 256`: the gather's workers are
+    bounded by the descriptor budget (half the limit), so no read fails with EMFILE."""
+    src = open_source(wide_keys, mode, threads=64)
+    for epoch in range(3):
+        check_epoch(src, wide_keys, "float32", 1000, shuffle=True, seed=5, epoch=epoch)
+
+
+def test_hitting_the_open_file_limit_names_it(many_keys, low_fd_limit):
+    """Descriptors used up by someone else: the error says which limit was hit and what to do."""
+    held = []
+    try:
+        with pytest.raises(OSError) as info:  # fill the descriptor table
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        assert info.value.errno == errno.EMFILE
+        path = str(many_keys.factor_dir / "m000.npy")
+        for mode in ("read", "mmap"):
+            with pytest.raises(OSError) as info:
+                npyfeed.load(path, mode=mode)
+            assert info.value.errno == errno.EMFILE and info.value.filename == path
+            assert "RLIMIT_NOFILE is 256" in str(info.value) and "ulimit -n" in str(info.value)
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
 @pytest.mark.parametrize("mode", FILE_MODES)
 def test_many_keys_beyond_the_open_file_limit(many_keys, low_fd_limit, mode):
     src = open_source(many_keys, mode)
@@ -399,20 +438,26 @@ def test_many_keys_beyond_the_open_file_limit(many_keys, low_fd_limit, mode):
     check_epoch(src, many_keys, "float32", 64, shuffle=True, seed=2)
 
 
+@pytest.mark.parametrize("change", ["replaced", "deleted"])
 @pytest.mark.parametrize("mode", ["read", "direct"])
-def test_file_replaced_after_opening(tmp_path, low_fd_limit, mode):
+def test_file_replaced_after_opening(tmp_path, low_fd_limit, mode, change):
     """Without a descriptor kept open, a file is reopened per read: a different file under the same name is
-    refused (naming it), never read as if it were the original."""
+    refused (ESTALE, naming it), never read as if it were the original; a deleted one is FileNotFoundError."""
     rng = np.random.default_rng(92)
     factors = {f"r{k:03d}": rng.standard_normal((12, 2)).astype(np.float32) for k in range(60)}
     labels = {k: rng.standard_normal((12, 1)).astype(np.float32) for k in factors}
     ds = write_dataset(tmp_path, factors, labels, [(5, 5, k) for k in factors], 3)
     src = open_source(ds, mode)
     path = ds.factor_dir / "r007.npy"
-    np.save(tmp_path / "new.npy", np.zeros((12, 2), np.float32))
-    os.replace(tmp_path / "new.npy", path)
-    with pytest.raises(OSError, match="r007.npy"):
+    if change == "replaced":
+        np.save(tmp_path / "new.npy", np.zeros((12, 2), np.float32))
+        os.replace(tmp_path / "new.npy", path)
+    else:
+        path.unlink()
+    with pytest.raises(OSError, match="r007.npy") as info:
         src.get([7])
+    assert info.value.errno == (errno.ESTALE if change == "replaced" else errno.ENOENT)
+    assert isinstance(info.value, FileNotFoundError) == (change == "deleted")
     assert_batch(src.get([6, 8]), reference(ds, [ds.entries[6], ds.entries[8]], "float32"))
 
 

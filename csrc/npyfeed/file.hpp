@@ -17,11 +17,16 @@ struct FileIdentity {
   bool operator==(const FileIdentity&) const = default;
 };
 
+/// Descriptors npyfeed may hold open at once: half the soft RLIMIT_NOFILE (the other half is the rest of the
+/// process's), or SIZE_MAX without a limit. Read each call (a process may raise its limit).
+std::size_t descriptor_budget() noexcept;
+
 class File {
  public:
   File() = default;
   /// Opens `path` read-only. `direct` adds O_DIRECT and throws OsError(EINVAL) where the filesystem refuses it.
-  /// Throws OsError (ENOENT, EACCES, EISDIR for directories, ...) or NpyFormatError for non-regular files.
+  /// Throws OsError (ENOENT, EACCES, EISDIR for directories, EMFILE naming the RLIMIT_NOFILE limit, ...) or
+  /// NpyFormatError for non-regular files.
   static File open(const std::string& path, bool direct = false);
   ~File();
   File(File&& other) noexcept;

@@ -59,6 +59,7 @@ class ManyLoad {
   };
   void load_header_and_small(std::size_t i);
   void load_chunk(const Chunk& chunk);
+  std::size_t workers() const;
 
   std::vector<std::string> paths_;
   LoadOptions options_;

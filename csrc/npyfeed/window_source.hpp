@@ -106,7 +106,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::vector<std::int64_t> x_row_shape_;
   std::vector<std::int64_t> y_row_shape_;
   bool keep_fds_ = true;
-  std::size_t reads_in_flight_ = 1;  // per gather thread: the most any reader asks for
+  std::size_t gather_workers_ = 1;  // threads x the reads in flight any reader asks for, within the descriptor budget
 };
 
 }  // namespace npyfeed

@@ -1,14 +1,32 @@
 #include "npyfeed/file.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 
 #include "npyfeed/errors.hpp"
 
 namespace npyfeed {
+
+namespace {
+
+rlim_t open_files_limit() noexcept {
+  struct rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return RLIM_INFINITY;
+  return rl.rlim_cur;
+}
+
+}  // namespace
+
+std::size_t descriptor_budget() noexcept {
+  const rlim_t limit = open_files_limit();
+  if (limit == RLIM_INFINITY || limit / 2 >= SIZE_MAX) return SIZE_MAX;
+  return static_cast<std::size_t>(limit / 2);
+}
 
 File File::open(const std::string& path, bool direct) {
   // O_NONBLOCK so that opening a FIFO returns at once instead of waiting for a writer; it is
@@ -19,7 +37,15 @@ File File::open(const std::string& path, bool direct) {
   do {
     fd = ::open(path.c_str(), flags);
   } while (fd < 0 && errno == EINTR);
-  if (fd < 0) throw OsError(errno, path, "cannot open");
+  if (fd < 0) {
+    const int error = errno;
+    if (error == EMFILE) {
+      throw OsError(error, path,
+                    "cannot open (the open-file limit RLIMIT_NOFILE is " + std::to_string(open_files_limit()) +
+                        ": raise it with `ulimit -n`, or use fewer threads)");
+    }
+    throw OsError(error, path, "cannot open");
+  }
   File file;
   file.fd_ = fd;
   file.path_ = path;

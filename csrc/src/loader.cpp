@@ -4,6 +4,7 @@
 
 #include "npyfeed/direct_reader.hpp"
 #include "npyfeed/errors.hpp"
+#include "npyfeed/file.hpp"
 
 namespace npyfeed {
 
@@ -17,14 +18,17 @@ ManyLoad::ManyLoad(std::vector<std::string> paths, LoadOptions options)
   if (options_.chunk_bytes < (1u << 20)) options_.chunk_bytes = 1u << 20;
 }
 
+// Every worker holds at most two descriptors at once (O_DIRECT and buffered): stay within the budget.
+std::size_t ManyLoad::workers() const { return std::clamp<std::size_t>(descriptor_budget() / 2, 1, options_.threads); }
+
 std::shared_ptr<Job> ManyLoad::start_headers(ThreadPool& pool) {
-  return pool.start(paths_.size(), options_.threads, [this](std::size_t i) { load_header_and_small(i); });
+  return pool.start(paths_.size(), workers(), [this](std::size_t i) { load_header_and_small(i); });
 }
 
 std::shared_ptr<Job> ManyLoad::start_chunks(ThreadPool& pool) {
   bytes_total_ = 0;
   for (auto& r : results_) bytes_total_ += r.header.nbytes;
-  return pool.start(chunks_.size(), options_.threads, [this](std::size_t i) { load_chunk(chunks_[i]); });
+  return pool.start(chunks_.size(), workers(), [this](std::size_t i) { load_chunk(chunks_[i]); });
 }
 
 void ManyLoad::load_header_and_small(std::size_t i) {

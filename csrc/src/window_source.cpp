@@ -1,7 +1,5 @@
 #include "npyfeed/window_source.hpp"
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <cerrno>
 
@@ -41,12 +39,7 @@ std::string int128_text(__int128 v) {
   return (negative ? "-" : "") + digits;
 }
 
-bool fds_fit(std::size_t wanted) {
-  struct rlimit rl{};
-  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return false;
-  if (rl.rlim_cur == RLIM_INFINITY) return true;
-  return wanted + 64 <= rl.rlim_cur / 2;  // leave half the limit to the rest of the process
-}
+bool fds_fit(std::size_t wanted) { return wanted + 64 <= descriptor_budget(); }
 
 }  // namespace
 
@@ -219,10 +212,17 @@ void WindowSource::finish_open() {
     }
     samples_.push_back({feature, label, key, static_cast<std::uint32_t>(i)});
   }
-  reads_in_flight_ = 1;
+  std::size_t reads_in_flight = 1;
   for (const auto* sources : {&factors_, &labels_}) {
     for (const ArraySource& s : *sources)
-      reads_in_flight_ = std::max(reads_in_flight_, s.reader->reads_in_flight_per_thread());
+      reads_in_flight = std::max(reads_in_flight, s.reader->reads_in_flight_per_thread());
+  }
+  gather_workers_ = reads_in_flight * options_.threads;
+  if (!keep_fds_) {
+    // Every worker may open a file for its read (O_DIRECT: a buffered descriptor too, on a fallback): stay
+    // within the descriptor budget whatever the thread count.
+    const std::size_t per_worker = options_.mode == ReadMode::kDirect ? 2 : 1;
+    gather_workers_ = std::clamp<std::size_t>(descriptor_budget() / per_worker, 1, gather_workers_);
   }
 }
 
@@ -266,8 +266,7 @@ std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<st
   auto gather = std::make_shared<Gather>(input, std::move(sample_ids), x, y);
   gather->hint_will_need();
   auto self = shared_from_this();  // the gather reads this source's arrays: keep them alive while it runs
-  return pool.start(gather->keys(), reads_in_flight_ * options_.threads,
-                    [self, gather](std::size_t k) { gather->run_key(k); });
+  return pool.start(gather->keys(), gather_workers_, [self, gather](std::size_t k) { gather->run_key(k); });
 }
 
 std::pair<WindowBatch, std::shared_ptr<Job>> WindowSource::start_batch(ThreadPool& pool,
