@@ -262,3 +262,134 @@ def test_direct_fallback_warns(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr  # the batches are right either way
     if not proc.stdout.startswith("warned"):
         raise _NoWarning(proc.stdout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# More files than the process may map
+
+
+def _many_keys(root: Path, keys: int, rows: int = 8) -> tuple:
+    """`keys` keys of (rows, 2) float32 factors and (rows, 1) labels, one window each at a seeded row; written
+    as header + data bytes (np.save per file would dominate with tens of thousands of files)."""
+    rng = np.random.default_rng(keys)
+    factors = rng.standard_normal((keys, rows, 2)).astype("<f4")
+    labels = rng.standard_normal((keys, rows, 1)).astype("<f4")
+    for sub, arrays in (("factor", factors), ("label", labels)):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        header = np.lib.format.header_data_from_array_1_0(arrays[0])
+        import io
+
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buf, header)
+        prefix = buf.getvalue()
+        for k in range(keys):
+            (root / sub / f"k{k:05d}.npy").write_bytes(prefix + arrays[k].tobytes())
+    feature = rng.integers(WINDOW - 1, rows, keys)
+    entries = [(int(feature[k]), int(feature[k]), f"k{k:05d}") for k in range(keys)]
+    (root / "index.txt").write_text("".join(f"{f},{l},{k}\n" for f, l, k in entries))
+    return entries, {f"k{k:05d}": factors[k] for k in range(keys)}, {f"k{k:05d}": labels[k] for k in range(keys)}
+
+
+def _maps_now() -> int:
+    with open("/proc/self/maps") as fh:
+        return sum(1 for _ in fh)
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/self/maps"), reason="needs /proc")
+def test_more_files_than_the_mapping_budget_are_mapped_on_demand(tmp_path, monkeypatch):
+    """With a mapping limit (NPYFEED_MAX_MAPPINGS stands in for vm.max_map_count) that leaves room for 20
+    mappings, 60 files are mapped when read, at most 20 at a time, and every batch is still np.load's."""
+    entries, factors, labels = _many_keys(tmp_path, 30)
+    monkeypatch.setenv("NPYFEED_MAX_MAPPINGS", str(_maps_now() + 40))
+    src = open_source(tmp_path, "mmap", threads=2)
+    assert src.mapping_limit == 20
+    assert len(_mappings(tmp_path)) == 0  # nothing mapped at open
+    order = src.epoch_order(0, shuffle=True, seed=4)
+    with src.batches(7, shuffle=True, seed=4) as it:
+        for b, (x, y) in enumerate(it):
+            ids = order[b * 7:(b + 1) * 7]
+            want_x = np.stack([factors[entries[i][2]][entries[i][0] - WINDOW + 1:entries[i][0] + 1] for i in ids])
+            np.testing.assert_array_equal(x, want_x, strict=True)
+            np.testing.assert_array_equal(y, np.stack([labels[entries[i][2]][entries[i][1]] for i in ids]),
+                                          strict=True)
+            assert len(_mappings(tmp_path)) <= 20
+    assert_all_samples(src, entries, factors, labels)
+    assert 0 < len(_mappings(tmp_path)) <= 20
+    del src, it
+    assert _mappings(tmp_path) == {}  # released with the source
+
+
+def test_a_file_replaced_under_an_on_demand_mapping_is_refused(tmp_path, monkeypatch):
+    entries, factors, labels = _many_keys(tmp_path, 30)
+    monkeypatch.setenv("NPYFEED_MAX_MAPPINGS", str(_maps_now() + 40))
+    src = open_source(tmp_path, "mmap")
+    assert src.mapping_limit == 20
+    path = tmp_path / "factor" / "k00003.npy"
+    np.save(tmp_path / "new.npy", np.zeros((8, 2), np.float32))
+    os.replace(tmp_path / "new.npy", path)
+    with pytest.raises(OSError, match="k00003.npy") as info:
+        src.get([3])
+    assert info.value.errno == errno.ESTALE
+    x, _ = src.get([2, 4])
+    np.testing.assert_array_equal(x[0], factors["k00002"][entries[2][0] - WINDOW + 1:entries[2][0] + 1])
+
+
+def test_every_file_has_its_mapping_within_the_budget(tmp_path):
+    entries, factors, labels = _many_keys(tmp_path, 30)
+    src = open_source(tmp_path, "mmap")
+    assert src.mapping_limit is None
+    assert len(_mappings(tmp_path)) == 60
+    assert_all_samples(src, entries, factors, labels)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isfile("/proc/sys/vm/max_map_count"), reason="needs /proc")
+def test_a_source_over_66000_files_opens_and_iterates_in_mmap_mode(tmp_path):
+    """33,000 keys: 66,000 files, more than the default vm.max_map_count (65,530) allows one mapping each."""
+    keys = max(33_000, int(Path("/proc/sys/vm/max_map_count").read_text()) // 2 + 500)
+    if keys > 40_000:
+        pytest.skip("vm.max_map_count is raised on this machine: the case needs more files than it is worth")
+    entries, factors, labels = _many_keys(tmp_path, keys)
+    src = open_source(tmp_path, "mmap")
+    assert len(src) == keys and src.mapping_limit is not None and src.mapping_limit < 2 * keys
+    assert_all_samples(src, entries, factors, labels)
+    count = sum(len(x) for x, _ in src.batches(4096, shuffle=True, seed=1))
+    assert count == keys
+    assert len(_mappings(tmp_path)) <= src.mapping_limit
+    del src
+    # Whole-file mmap loads hand out the mappings themselves: too many is a clear error, not a crash.
+    paths = sorted(str(p) for sub in ("factor", "label") for p in (tmp_path / sub).iterdir())
+    with pytest.raises(OSError, match="vm.max_map_count") as info:
+        npyfeed.load_many(paths, mode="mmap")
+    assert info.value.errno == errno.ENOMEM and 'mode="read"' in str(info.value)
+    assert _mappings(tmp_path) == {}  # the failed load released what it had mapped
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isfile("/proc/sys/vm/max_map_count"), reason="needs /proc")
+def test_reads_fall_back_to_pread_when_no_mapping_can_be_made(tmp_path, monkeypatch):
+    """Someone else holds every mapping the process may have: on-demand reads use pread, same values."""
+    import mmap
+
+    entries, factors, labels = _many_keys(tmp_path, 30)
+    monkeypatch.setenv("NPYFEED_MAX_MAPPINGS", str(_maps_now() + 40))
+    src = open_source(tmp_path, "mmap")
+    assert src.mapping_limit == 20
+    limit = int(Path("/proc/sys/vm/max_map_count").read_text())
+    if limit > 200_000:
+        pytest.skip("vm.max_map_count is raised on this machine")
+    held = []
+    try:
+        try:
+            while True:  # shared anonymous mappings never merge: one mapping each
+                held.append(mmap.mmap(-1, mmap.PAGESIZE))
+        except OSError as e:
+            assert e.errno == errno.ENOMEM
+        for _ in range(8):  # room for the gather's own allocations, not for a mapping per file
+            held.pop().close()
+        x, y = src.get(np.arange(len(src)))
+    finally:
+        for m in held:
+            m.close()
+    np.testing.assert_array_equal(x, np.stack([factors[k][f - WINDOW + 1:f + 1] for f, _, k in entries]), strict=True)
+    np.testing.assert_array_equal(y, np.stack([labels[k][l] for _, l, k in entries]), strict=True)

@@ -493,6 +493,7 @@ PYBIND11_MODULE(_core, m) {
       .def("__len__", &WindowSource::size)
       .def_property_readonly("skipped", &WindowSource::skipped)
       .def_property_readonly("direct_fallbacks", &WindowSource::direct_fallbacks)
+      .def_property_readonly("mapping_limit", &WindowSource::mapping_limit)
       .def_property_readonly("x_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.x_shape())); })
       .def_property_readonly("y_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.y_shape())); })
       .def("describe", &WindowSource::describe)

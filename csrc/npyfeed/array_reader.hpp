@@ -17,6 +17,7 @@
 
 #include "npyfeed/aligned_buffer.hpp"
 #include "npyfeed/file.hpp"
+#include "npyfeed/mapping_cache.hpp"
 #include "npyfeed/npy_header.hpp"
 
 namespace npyfeed {
@@ -43,6 +44,9 @@ struct ReaderOptions {
   /// read/direct: a file of at most this many bytes (header included) is read whole at open, with one
   /// read, and served from memory afterwards.
   std::uint64_t read_whole_up_to = 0;
+  /// mmap: map the file on demand through this bounded cache instead of once at open (more files than
+  /// the process may map at once).
+  std::shared_ptr<MappingCache> mappings;
 };
 
 /// One opened array: its header and its data bytes, addressed from the first data byte (offset 0).

@@ -78,6 +78,9 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   /// Files whose O_DIRECT reads the filesystem refused, read with buffered reads instead (so far: a refusal
   /// can also come at the first read).
   std::vector<std::string> direct_fallbacks() const;
+  /// mmap mode with more files than may be mapped at once: the most mappings kept (files are mapped on
+  /// demand, least recently used unmapped first); 0 when every file has its own mapping.
+  std::size_t mapping_limit() const noexcept { return mappings_ ? mappings_->capacity() : 0; }
 
   /// Throws IndexOutOfRange naming the first id outside [0, size()).
   void check_ids(const std::vector<std::int64_t>& sample_ids) const;
@@ -106,6 +109,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::vector<std::int64_t> x_row_shape_;
   std::vector<std::int64_t> y_row_shape_;
   bool keep_fds_ = true;
+  std::shared_ptr<MappingCache> mappings_;  // mmap with more files than the mapping budget, else null
   std::size_t gather_workers_ = 1;  // threads x the reads in flight any reader asks for, within the descriptor budget
 };
 

@@ -106,6 +106,49 @@ class MappedReader final : public ArrayReader {
   std::shared_ptr<MappedFile> mapping_;
 };
 
+// A file mapped on demand through a bounded MappingCache, for sources with more files than the process may
+// map at once. Reads copy out of the mapping while holding it (a pointer into it could outlive its stay in
+// the cache), so fetch() goes through this thread's scratch buffer.
+class OnDemandMappedReader final : public ArrayReader {
+ public:
+  OnDemandMappedReader(const File& file, NpyHeader header, std::shared_ptr<MappingCache> cache)
+      : ArrayReader(file.path(), std::move(header)), identity_(file.identity()), cache_(std::move(cache)) {}
+  void read(std::uint64_t offset, std::uint64_t length, std::byte* dest) const override {
+    if (length == 0) return;
+    std::shared_ptr<const MappedFile> mapping;
+    try {
+      mapping = cache_->acquire(name_, identity_);
+    } catch (const OsError& e) {
+      if (e.error_number() != ENOMEM) throw;
+      // The process ran out of mappings (others hold them): read this piece with pread instead.
+      File file = File::open(name_);
+      if (!(file.identity() == identity_)) throw_replaced(name_);
+      file.read_exact(dest, length, header_.data_offset + offset);
+      return;
+    }
+    if (mapping->size() < header_.data_offset + offset + length) {
+      throw NpyFormatError(name_, mapping->size(), "file is shorter than when it was opened (truncated)");
+    }
+    std::memcpy(dest, mapping->data() + header_.data_offset + offset, length);
+  }
+  const std::byte* fetch(std::uint64_t offset, std::uint64_t length) const override {
+    std::byte* dest = scratch_buffer(length, kBufferAlignment);
+    read(offset, length, dest);
+    return dest;
+  }
+  void populate(std::uint64_t offset, std::uint64_t length) const override {
+    try {
+      cache_->acquire(name_, identity_)->populate(header_.data_offset + offset, length);
+    } catch (const NpyFormatError& e) {
+      throw e.with_path(name_);
+    }
+  }
+
+ private:
+  FileIdentity identity_;
+  std::shared_ptr<MappingCache> cache_;
+};
+
 // A file read through descriptors: the one kept open, or the file opened again per call when the process
 // cannot keep a descriptor per file (always checked to be the same file: a replaced file is never read).
 class FileReader : public ArrayReader {
@@ -299,6 +342,7 @@ std::shared_ptr<ArrayReader> ArrayReader::open(const std::string& path, const Re
   NpyHeader header = read_header(file, options.max_header_size);
   switch (options.mode) {
     case ReadMode::kMmap:
+      if (options.mappings) return std::make_shared<OnDemandMappedReader>(file, std::move(header), options.mappings);
       return std::make_shared<MappedReader>(file, std::move(header));
     case ReadMode::kRead:
       return std::make_shared<PreadReader>(std::move(file), std::move(header), options.keep_open);

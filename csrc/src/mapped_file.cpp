@@ -16,7 +16,15 @@ namespace npyfeed {
 std::shared_ptr<MappedFile> MappedFile::map(const File& file) {
   if (file.size() == 0) return std::shared_ptr<MappedFile>(new MappedFile(nullptr, 0));
   void* p = ::mmap(nullptr, file.size(), PROT_READ, MAP_SHARED, file.fd(), 0);
-  if (p == MAP_FAILED) throw OsError(errno, file.path(), "cannot map");
+  if (p == MAP_FAILED) {
+    const int error = errno;
+    if (error == ENOMEM) {
+      throw OsError(error, file.path(),
+                    "cannot map (a process may hold vm.max_map_count mappings, one per file mapped: use "
+                    "mode=\"read\" to load this many files)");
+    }
+    throw OsError(error, file.path(), "cannot map");
+  }
   return std::shared_ptr<MappedFile>(new MappedFile(static_cast<const std::byte*>(p), file.size()));
 }
 

@@ -54,6 +54,12 @@ WindowSource::WindowSource(SampleIndex index, WindowOptions options)
   labels_.resize(keys);
   open_errors_.resize(keys);
   keep_fds_ = fds_fit(2 * keys);
+  if (options_.mode == ReadMode::kMmap) {
+    // One mapping per file while they fit in the budget; beyond it, files are mapped on demand through a
+    // bounded cache (a data set of 33,000 keys would need more than the default vm.max_map_count).
+    const std::size_t budget = mapping_budget();
+    if (2 * keys > budget) mappings_ = std::make_shared<MappingCache>(budget);
+  }
 }
 
 ArraySource WindowSource::open_file(const std::string& path, bool label) const {
@@ -61,6 +67,7 @@ ArraySource WindowSource::open_file(const std::string& path, bool label) const {
   reader_options.mode = options_.mode;
   reader_options.max_header_size = options_.max_header_size;
   reader_options.keep_open = keep_fds_;
+  reader_options.mappings = mappings_;
   reader_options.read_whole_up_to = label ? kReadWholeLabelBytes : 0;
   ArraySource source{ArrayReader::open(path, reader_options)};
   const NpyHeader& h = source.header();

@@ -164,6 +164,15 @@ class WindowSource:
         at construction or at the end of the epoch that met it."""
         return tuple(self._core.direct_fallbacks) if self.mode == "direct" else ()
 
+    @property
+    def mapping_limit(self) -> int | None:
+        """With ``mode="mmap"`` over more files than the process may map at once (half of what
+        ``vm.max_map_count`` leaves; ``NPYFEED_MAX_MAPPINGS`` replaces that limit): the most mappings kept,
+        files being mapped when read and the least recently used unmapped. ``None`` when every file has its
+        own mapping (the usual case)."""
+        limit = self._core.mapping_limit if self.mode == "mmap" else 0
+        return limit or None
+
     def _warn_direct_fallback(self) -> None:
         if self.mode != "direct":
             return

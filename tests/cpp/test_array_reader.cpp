@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -203,4 +204,56 @@ TEST_CASE("arrays in memory: the view is the caller's memory, kept alive by its 
   for (std::size_t k = 0; k < 3; ++k) CHECK(same(pieces.data() + 2 * k, copy, 1 + 100 * k, 2));
   reader.reset();
   CHECK(watch.expired());
+}
+
+TEST_CASE("mmap through a bounded MappingCache: the file's bytes, at most `capacity` mappings kept, LRU") {
+  TempDir dir;
+  std::vector<Written> files;
+  for (int k = 0; k < 5; ++k) files.push_back(write(dir, "m" + std::to_string(k) + ".npy", 10000, 10 + k));
+  auto cache = std::make_shared<MappingCache>(2);
+  ReaderOptions o = options(ReadMode::kMmap, false);
+  o.mappings = cache;
+  std::vector<std::shared_ptr<ArrayReader>> readers;
+  for (const Written& w : files) readers.push_back(ArrayReader::open(w.path, o));
+  CHECK_EQ(cache->size(), 0u);  // nothing mapped at open
+  for (std::size_t k = 0; k < files.size(); ++k) {
+    CHECK(readers[k]->view() == nullptr);  // reads go through the cache, never a pointer that could go stale
+    std::vector<std::byte> out(700);
+    readers[k]->read(300, 700, out.data());
+    CHECK(same(out.data(), files[k].data, 300, 700));
+    CHECK(same(readers[k]->fetch(9000, 1000), files[k].data, 9000, 1000));
+    std::vector<std::byte> pieces(30);
+    readers[k]->read_strided(5, 10, 1000, 3, pieces.data());
+    for (std::size_t p = 0; p < 3; ++p) CHECK(same(pieces.data() + 10 * p, files[k].data, 5 + 1000 * p, 10));
+    CHECK(cache->size() <= 2u);
+  }
+  CHECK_EQ(cache->maps_made(), 5u);  // one mapping per file while it stays in the cache
+  // The most recently used two are kept: reading file 4 again maps nothing; file 0 was evicted.
+  std::vector<std::byte> out(10);
+  readers[4]->read(0, 10, out.data());
+  CHECK_EQ(cache->maps_made(), 5u);
+  readers[0]->read(0, 10, out.data());
+  CHECK_EQ(cache->maps_made(), 6u);
+  // A mapping held by someone stays valid after it leaves the cache.
+  auto held = cache->acquire(files[1].path, File::open(files[1].path).identity());
+  for (int k : {2, 3, 4}) readers[static_cast<std::size_t>(k)]->read(0, 10, out.data());
+  CHECK(held->size() >= 10000 && same(held->data() + held->size() - 10000, files[1].data, 0, 10000));
+}
+
+TEST_CASE("on-demand mappings: a replaced file is refused (ESTALE), a shrunk one is an NpyFormatError") {
+  TempDir dir;
+  const Written a = write(dir, "a.npy", 10000, 20);
+  const Written b = write(dir, "b.npy", 10000, 21);
+  ReaderOptions o = options(ReadMode::kMmap, false);
+  o.mappings = std::make_shared<MappingCache>(1);
+  auto ra = ArrayReader::open(a.path, o);
+  auto rb = ArrayReader::open(b.path, o);
+  const Written replacement = write(dir, "new.npy", 10000, 22);
+  REQUIRE(std::rename(replacement.path.c_str(), a.path.c_str()) == 0);
+  std::vector<std::byte> out(100);
+  auto e = CHECK_THROWS(OsError, ra->read(0, 100, out.data()));
+  if (e) CHECK_EQ(e->error_number(), ESTALE);
+  REQUIRE(::truncate(b.path.c_str(), 5000) == 0);
+  auto f = CHECK_THROWS(NpyFormatError, rb->read(8000, 100, out.data()));
+  if (f) CHECK(contains(f->what(), b.path));
 }

@@ -1,0 +1,49 @@
+// A bounded set of file mappings, for sources with more files than the process may map at once (Linux
+// allows vm.max_map_count mappings per process, 65,530 by default; one per file would refuse a data set of
+// 33,000 keys). Files are mapped when first read and unmapped least recently used first; a mapping in use
+// (a reader holds it) stays valid after it leaves the cache and is unmapped when its last holder lets go.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "npyfeed/file.hpp"
+#include "npyfeed/mapped_file.hpp"
+
+namespace npyfeed {
+
+/// Mappings the process may still make: half of (vm.max_map_count - the mappings it has now), the other
+/// half left to the rest of the process. NPYFEED_MAX_MAPPINGS, when set, replaces vm.max_map_count.
+std::size_t mapping_budget();
+
+class MappingCache {
+ public:
+  /// Keeps at most `capacity` (at least 1) mappings.
+  explicit MappingCache(std::size_t capacity);
+  /// The mapping of `path`, mapping it now if it is not kept (and checking it is still the file of
+  /// `identity`). Throws OsError (ESTALE for a replaced file, ENOMEM where the mapping is refused).
+  std::shared_ptr<const MappedFile> acquire(const std::string& path, const FileIdentity& identity);
+  std::size_t capacity() const noexcept { return capacity_; }
+  /// Mappings kept now (those in use but evicted not counted).
+  std::size_t size() const;
+  /// Mappings made so far (a measure of churn).
+  std::uint64_t maps_made() const;
+
+ private:
+  struct Entry {
+    std::string path;
+    std::shared_ptr<const MappedFile> mapping;
+  };
+  std::size_t capacity_;
+  mutable std::mutex mutex_;
+  std::list<Entry> lru_;  // most recently used first
+  std::unordered_map<std::string, std::list<Entry>::iterator> by_path_;
+  std::uint64_t maps_made_ = 0;
+};
+
+}  // namespace npyfeed

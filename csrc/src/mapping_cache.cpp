@@ -1,0 +1,83 @@
+#include "npyfeed/mapping_cache.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "npyfeed/errors.hpp"
+
+namespace npyfeed {
+
+namespace {
+
+std::size_t max_map_count() {
+  if (const char* env = std::getenv("NPYFEED_MAX_MAPPINGS"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const unsigned long long value = std::strtoull(env, &end, 10);
+    if (end != nullptr && *end == '\0' && value > 0) return static_cast<std::size_t>(value);
+  }
+  std::ifstream in("/proc/sys/vm/max_map_count");
+  std::size_t value = 0;
+  if (in >> value && value > 0) return value;
+  return 65530;  // the kernel's default
+}
+
+std::size_t mappings_now() {
+  std::ifstream in("/proc/self/maps");
+  std::size_t lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  return lines;
+}
+
+}  // namespace
+
+std::size_t mapping_budget() {
+  const std::size_t limit = max_map_count();
+  const std::size_t used = mappings_now();
+  return used >= limit ? 0 : (limit - used) / 2;
+}
+
+MappingCache::MappingCache(std::size_t capacity) : capacity_(capacity < 1 ? 1 : capacity) {}
+
+std::shared_ptr<const MappedFile> MappingCache::acquire(const std::string& path, const FileIdentity& identity) {
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = by_path_.find(path); it != by_path_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      return it->second->mapping;
+    }
+  }
+  // Map outside the lock (opening and mapping may wait on the disk); two threads may map one file at
+  // once: the second keeps the first's mapping.
+  File file = File::open(path);
+  if (!(file.identity() == identity)) throw OsError(ESTALE, path, "file replaced since it was opened");
+  std::shared_ptr<const MappedFile> mapping = MappedFile::map(file);
+  std::shared_ptr<const MappedFile> evicted;  // unmapped after the lock is released
+  std::lock_guard lock(mutex_);
+  ++maps_made_;
+  if (auto it = by_path_.find(path); it != by_path_.end()) {
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return it->second->mapping;
+  }
+  lru_.push_front({path, mapping});
+  by_path_[path] = lru_.begin();
+  if (lru_.size() > capacity_) {
+    evicted = std::move(lru_.back().mapping);
+    by_path_.erase(lru_.back().path);
+    lru_.pop_back();
+  }
+  return mapping;
+}
+
+std::size_t MappingCache::size() const {
+  std::lock_guard lock(mutex_);
+  return lru_.size();
+}
+
+std::uint64_t MappingCache::maps_made() const {
+  std::lock_guard lock(mutex_);
+  return maps_made_;
+}
+
+}  // namespace npyfeed
