@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import npyfeed
@@ -18,6 +20,7 @@ SIGNATURES = {
     "npyfeed.load_many": npyfeed.load_many,
     "npyfeed.load_factor_files": npyfeed.load_factor_files,
     "npyfeed.WindowSource": npyfeed.WindowSource,
+    "npyfeed.warm": npyfeed.warm,
 }
 
 
@@ -53,3 +56,15 @@ def test_readme_shows_the_defaults(name):
             assert shown == default, f"README: {name}(..., {keyword.arg}={shown!r}); the code's default is {default!r}"
             checked += 1
     assert checked > 0
+
+
+def test_the_benchmark_tables_are_rendered_from_the_committed_results():
+    """The README's benchmark block is exactly what bench/report.py renders from bench/results/*.json, and it
+    renders at least the window and whole-file runs (so its figures are those files', not typed by hand)."""
+    bench = README.parent / "bench"
+    proc = subprocess.run([sys.executable, str(bench / "report.py"), "--check", str(README)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (bench / "results" / "windows.json").is_file() and (bench / "results" / "load.json").is_file()
+    block = README.read_text(encoding="utf-8").split("<!-- bench:begin")[1].split("<!-- bench:end")[0]
+    assert "**Window batches**" in block and "**Whole files**" in block and "| met |" in block
