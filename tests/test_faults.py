@@ -41,11 +41,13 @@ CHILD = textwrap.dedent(
 
     def outcome():
         try:
-            arrays = npyfeed.load_many(args["paths"], mode=args["mode"], threads=args["threads"])
+            arrays = npyfeed.load_many(args["paths"], mode=args["mode"], threads=args["threads"],
+                                       populate=args.get("populate", False))
         except Exception as e:
             return {"ok": False, "type": type(e).__name__, "oserror": isinstance(e, OSError),
                     "format_error": isinstance(e, npyfeed.NpyFormatError), "errno": getattr(e, "errno", None),
-                    "filename": getattr(e, "filename", None), "offset": getattr(e, "offset", None),
+                    "filename": getattr(e, "filename", None), "path": getattr(e, "path", None),
+                    "offset": getattr(e, "offset", None),
                     "message": str(e)}
         equal = []
         for a, ref in zip(arrays, args["refs"]):
@@ -53,7 +55,7 @@ CHILD = textwrap.dedent(
             equal.append(a.dtype == r.dtype and a.shape == r.shape and a.tobytes() == r.tobytes())
         return {"ok": True, "equal": equal}
 
-    change = args.get("change")  # while the load is held by the shim: "replace" or "delete" the file
+    change = args.get("change")  # while the load is held by the shim: "replace", "delete" or "truncate" the file
     if change is None:
         result = outcome()
     else:
@@ -66,6 +68,8 @@ CHILD = textwrap.dedent(
         if os.path.exists(marker):
             if change == "replace":
                 os.replace(args["replacement"], args["paths"][0])
+            elif change == "truncate":
+                os.truncate(args["paths"][0], 1000)
             else:
                 os.remove(args["paths"][0])
             box["changed"] = True
@@ -230,6 +234,24 @@ def test_file_deleted_or_replaced_while_loading(shim, tmp_path, mode, size, chan
     if mode != "mmap" and size == "big":
         # Chunks are opened after the change: never a mix of two files.
         assert not r["ok"], r
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("mode", MODES)
+def test_file_truncated_in_place_while_loading(shim, tmp_path, mode, size):
+    # np.save over the file while it loads: the first read (the header's) pauses until the file has been
+    # truncated to 1000 bytes. With mode="mmap" and populate=True the mapping, sized when the file was
+    # opened, then has pages past the file's end: populating them is an NpyFormatError naming the file,
+    # never SIGBUS (the child would die). The other modes read short: the same error.
+    victim, ref = write_pair(tmp_path, size, sample(size))
+    args = load_args(victim, ref, mode, threads=2)
+    args.update(change="truncate", populate=True)
+    r, _ = run_child(shim, args, tmp_path, path="victim", mode="pause", nth=1, count=0)
+    assert r.pop("changed", False), r
+    assert not r["ok"] and r["format_error"], r
+    assert r["path"] == victim and victim in r["message"], r
+    if mode == "mmap":
+        assert "shrank" in r["message"], r
 
 
 # ------------------------------------------------------------------------ (c) thousands of files, few fds

@@ -220,16 +220,29 @@ py::dict header_dict(const NpyHeader& h, const std::string& path, std::uint64_t 
   return d;
 }
 
+// The pool placement from the Python arguments (checked by the core, once per distinct placement).
+Placement placement_of(const std::vector<int>& cpus, std::optional<int> nice,
+                       std::optional<std::pair<int, int>> io_priority) {
+  Placement p;
+  p.cpus = cpus;
+  p.nice = nice;
+  if (io_priority) {
+    p.io_class = io_priority->first;
+    p.io_level = io_priority->second;
+  }
+  return p;
+}
+
 py::list load_many(const std::vector<std::string>& paths, const std::string& mode, std::size_t threads,
                    std::size_t max_header_size, bool populate,
-                   const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+                   const std::function<void(std::uint64_t, std::uint64_t)>& progress, const Placement& placement) {
   LoadOptions options;
   options.mode = parse_read_mode(mode);
   options.threads = threads;
   options.max_header_size = max_header_size;
   options.populate = populate;
   ManyLoad load(paths, options);
-  ThreadPool& pool = shared_pool();
+  ThreadPool& pool = *without_gil([&] { return &shared_pool(0, placement); });
   auto tick = [&] {
     if (progress) progress(load.bytes_done(), load.bytes_total());
   };
@@ -283,7 +296,8 @@ std::vector<std::int64_t> int64_vector(const py::array_t<std::int64_t, py::array
 }
 
 WindowOptions window_options(std::int64_t window, const std::string& dtype, const std::string& bounds,
-                             const std::string& mode, std::size_t threads, std::size_t max_header_size) {
+                             const std::string& mode, std::size_t threads, std::size_t max_header_size,
+                             const Placement& placement) {
   WindowOptions o;
   o.window = window;
   o.out_size = parse_out_dtype(dtype);
@@ -291,6 +305,7 @@ WindowOptions window_options(std::int64_t window, const std::string& dtype, cons
   o.mode = parse_read_mode(mode);
   o.threads = threads;
   o.max_header_size = max_header_size;
+  o.placement = placement;
   return o;
 }
 
@@ -342,10 +357,12 @@ std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::v
                                                 const std::vector<std::string>& label_paths, std::int64_t window,
                                                 const std::string& dtype, const std::string& bounds,
                                                 const std::string& mode, std::size_t threads,
-                                                std::size_t max_header_size) {
-  auto source =
-      std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size));
-  wait_interruptibly(without_gil([&] { return source->start_open(shared_pool(), factor_paths, label_paths); }));
+                                                std::size_t max_header_size, const Placement& placement) {
+  auto source = std::make_shared<WindowSource>(
+      index, window_options(window, dtype, bounds, mode, threads, max_header_size, placement));
+  wait_interruptibly(without_gil([&] {
+    return source->start_open(shared_pool(0, placement), factor_paths, label_paths);  // checks the placement first
+  }));
   without_gil([&] { source->finish_open(); });
   return source;
 }
@@ -378,9 +395,10 @@ std::shared_ptr<const void> keep_alive(const py::object& object) {
 std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, const std::vector<py::array>& factors,
                                                         const std::vector<py::array>& labels, std::int64_t window,
                                                         const std::string& dtype, const std::string& bounds,
-                                                        std::size_t threads) {
+                                                        std::size_t threads, const Placement& placement) {
+  without_gil([&] { shared_pool(0, placement); });  // checks the placement
   auto source = std::make_shared<WindowSource>(
-      index, window_options(window, dtype, bounds, "mmap", threads, kDefaultMaxHeaderSize));
+      index, window_options(window, dtype, bounds, "mmap", threads, kDefaultMaxHeaderSize, placement));
   if (factors.size() != index.keys.size() || labels.size() != index.keys.size()) {
     throw InvalidArgument("one factor and one label array per key are needed");
   }
@@ -421,8 +439,9 @@ PYBIND11_MODULE(_core, m) {
       error.attr("reason") = os_text(e.reason());
       PyErr_SetObject(npy_format_error.ptr(), error.ptr());
     } catch (const OsError& e) {
-      py::object error = py::reinterpret_steal<py::object>(PyObject_CallFunction(
-          PyExc_OSError, "iOO", e.error_number(), os_text(e.strerror_text()).ptr(), os_text(e.path()).ptr()));
+      py::object error = py::reinterpret_steal<py::object>(
+          PyObject_CallFunction(PyExc_OSError, "iOO", e.error_number(), os_text(e.strerror_text()).ptr(),
+                                e.path().empty() ? Py_None : os_text(e.path()).ptr()));
       if (error) {
         error.attr("offset") = e.offset() ? py::object(py::int_(*e.offset())) : py::object(py::none());
         PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
@@ -459,8 +478,17 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("warm_files", &warm_files, py::arg("paths"), py::arg("threads"), py::arg("read"),
         py::arg("progress") = nullptr);
-  m.def("load_many", &load_many, py::arg("paths"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"),
-        py::arg("populate"), py::arg("progress") = nullptr);
+  m.def(
+      "load_many",
+      [](const std::vector<std::string>& paths, const std::string& mode, std::size_t threads,
+         std::size_t max_header_size, bool populate, const std::function<void(std::uint64_t, std::uint64_t)>& progress,
+         const std::vector<int>& cpus, std::optional<int> nice, std::optional<std::pair<int, int>> io_priority) {
+        return load_many(paths, mode, threads, max_header_size, populate, progress,
+                         placement_of(cpus, nice, io_priority));
+      },
+      py::arg("paths"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"), py::arg("populate"),
+      py::arg("progress") = nullptr, py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(),
+      py::arg("io_priority") = py::none());
 
   py::class_<SampleIndex>(m, "SampleIndex")
       .def("__len__", &SampleIndex::size)
@@ -500,7 +528,7 @@ PYBIND11_MODULE(_core, m) {
       .def("get",
            [](const std::shared_ptr<WindowSource>& s,
               const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& ids) {
-             auto [batch, job] = s->start_batch(shared_pool(), int64_vector(ids));
+             auto [batch, job] = s->start_batch(shared_pool(0, s->options().placement), int64_vector(ids));
              wait_interruptibly(job);
              const std::uint32_t out = s->options().out_size;
              return py::make_tuple(wrap_batch(batch.x, batch.count, s->x_shape(), out),
@@ -518,11 +546,29 @@ PYBIND11_MODULE(_core, m) {
       .def("close", &PyBatchStream::close)
       .def_property_readonly("num_batches", &PyBatchStream::num_batches);
 
-  m.def("open_window_files", &open_window_files, py::arg("index"), py::arg("factor_paths"), py::arg("label_paths"),
-        py::arg("window"), py::arg("dtype"), py::arg("bounds"), py::arg("mode"), py::arg("threads"),
-        py::arg("max_header_size"));
-  m.def("window_source_from_arrays", &window_source_from_arrays, py::arg("index"), py::arg("factors"),
-        py::arg("labels"), py::arg("window"), py::arg("dtype"), py::arg("bounds"), py::arg("threads"));
+  m.def(
+      "open_window_files",
+      [](SampleIndex& index, const std::vector<std::string>& factor_paths, const std::vector<std::string>& label_paths,
+         std::int64_t window, const std::string& dtype, const std::string& bounds, const std::string& mode,
+         std::size_t threads, std::size_t max_header_size, const std::vector<int>& cpus, std::optional<int> nice,
+         std::optional<std::pair<int, int>> io_priority) {
+        return open_window_files(index, factor_paths, label_paths, window, dtype, bounds, mode, threads,
+                                 max_header_size, placement_of(cpus, nice, io_priority));
+      },
+      py::arg("index"), py::arg("factor_paths"), py::arg("label_paths"), py::arg("window"), py::arg("dtype"),
+      py::arg("bounds"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"),
+      py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(), py::arg("io_priority") = py::none());
+  m.def(
+      "window_source_from_arrays",
+      [](SampleIndex& index, const std::vector<py::array>& factors, const std::vector<py::array>& labels,
+         std::int64_t window, const std::string& dtype, const std::string& bounds, std::size_t threads,
+         const std::vector<int>& cpus, std::optional<int> nice, std::optional<std::pair<int, int>> io_priority) {
+        return window_source_from_arrays(index, factors, labels, window, dtype, bounds, threads,
+                                         placement_of(cpus, nice, io_priority));
+      },
+      py::arg("index"), py::arg("factors"), py::arg("labels"), py::arg("window"), py::arg("dtype"), py::arg("bounds"),
+      py::arg("threads"), py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(),
+      py::arg("io_priority") = py::none());
   m.def(
       "epoch_order",
       [](std::size_t n, bool shuffle, std::uint64_t seed, std::uint64_t epoch, std::size_t num_shards,

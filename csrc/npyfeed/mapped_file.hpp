@@ -4,10 +4,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
+#include "npyfeed/errors.hpp"
 #include "npyfeed/file.hpp"
 
 namespace npyfeed {
+
+/// The error for file bytes [offset, offset + length) of a mapping of `path` that could not be read: the
+/// file shrank after it was mapped (truncated in place while in use), or the device failed.
+NpyFormatError shrunk_mapping_error(const std::string& path, std::uint64_t offset, std::uint64_t length);
 
 class MappedFile {
  public:
@@ -19,9 +25,9 @@ class MappedFile {
 
   const std::byte* data() const noexcept { return data_; }
   std::uint64_t size() const noexcept { return size_; }
-  /// Faults in [offset, offset + length) now (MADV_POPULATE_READ, or touching each page on old kernels),
-  /// so that later reads never wait on the disk. Throws NpyFormatError (without a path) where the file has
-  /// shrunk below the range since it was mapped.
+  /// Faults in [offset, offset + length) now (MADV_POPULATE_READ, or touching each page, guarded, on old
+  /// kernels), so that later reads never wait on the disk. Throws NpyFormatError (without a path) where the
+  /// file has shrunk below the range since it was mapped.
   void populate(std::uint64_t offset, std::uint64_t length) const;
   /// Asks the kernel to start reading [offset, offset + length) in the background (MADV_WILLNEED); returns at once.
   void will_need(std::uint64_t offset, std::uint64_t length) const;

@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "npyfeed/placement.hpp"
+
 namespace npyfeed {
 
 class Job {
@@ -58,7 +60,9 @@ class Job {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(std::size_t threads);
+  /// `placement` is applied by every worker to itself when it starts (check it first: check_placement;
+  /// a worker that cannot apply it runs as it is).
+  explicit ThreadPool(std::size_t threads, Placement placement = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -79,13 +83,18 @@ class ThreadPool {
   std::deque<std::shared_ptr<Job>> runners_;  // one entry per runner to start
   std::vector<std::thread> threads_;
   bool stopping_ = false;
+  const Placement placement_;
+  std::condition_variable started_;  // a worker has placed and named itself
+  std::size_t workers_started_ = 0;
 };
 
-/// The process-wide pool, grown to at least `min_threads` (jobs grow it to the workers they use anyway,
-/// never beyond their number of items). After fork() the child gets a fresh pool (the parent's threads do
-/// not exist there); the old one is deliberately leaked. The pool is never destroyed, so interpreter exit
-/// with work in flight cannot join a thread that waits for the GIL.
-ThreadPool& shared_pool(std::size_t min_threads = 0);
+/// The process-wide pool for `placement`, grown to at least `min_threads` (jobs grow it to the workers
+/// they use anyway, never beyond their number of items). One pool per distinct placement, the first
+/// created when first asked for (after check_placement, which throws InvalidArgument or OsError), so
+/// workers placed for one caller never run another's jobs. After fork() the child gets fresh pools (the
+/// parent's threads do not exist there); the old ones are deliberately leaked. Pools are never destroyed,
+/// so interpreter exit with work in flight cannot join a thread that waits for the GIL.
+ThreadPool& shared_pool(std::size_t min_threads = 0, const Placement& placement = {});
 
 /// CPUs this process may run on (sched_getaffinity), at least 1.
 std::size_t available_cpus();

@@ -38,6 +38,7 @@ struct WindowOptions {
   ReadMode mode = ReadMode::kMmap;  // for files (arrays in memory are read in place)
   std::size_t threads = 1;  // gather threads, at least 1 (an O_DIRECT reader keeps more reads in flight per thread)
   std::size_t max_header_size = kDefaultMaxHeaderSize;
+  Placement placement;  // of the pool threads that open and gather (shared_pool(0, placement))
 };
 
 /// A batch of `count` samples: x holds count * x_sample_bytes(), y count * y_sample_bytes(); owned and

@@ -12,6 +12,7 @@
 
 #include "npyfeed/direct_reader.hpp"
 #include "npyfeed/errors.hpp"
+#include "npyfeed/fault_guard.hpp"
 #include "npyfeed/mapped_file.hpp"
 
 namespace npyfeed {
@@ -129,7 +130,9 @@ class OnDemandMappedReader final : public ArrayReader {
     if (mapping->size() < header_.data_offset + offset + length) {
       throw NpyFormatError(name_, mapping->size(), "file is shorter than when it was opened (truncated)");
     }
-    std::memcpy(dest, mapping->data() + header_.data_offset + offset, length);
+    const std::byte* src = mapping->data() + header_.data_offset + offset;
+    if (!guarded([&] { std::memcpy(dest, src, length); }))  // the file may shrink after the check above
+      throw shrunk_mapping_error(name_, header_.data_offset + offset, length);
   }
   const std::byte* fetch(std::uint64_t offset, std::uint64_t length) const override {
     std::byte* dest = scratch_buffer(length, kBufferAlignment);
@@ -361,7 +364,11 @@ std::shared_ptr<ArrayReader> ArrayReader::in_memory(std::string name, NpyHeader 
 // ---- defaults, for readers whose data is in view() ----------------------------------------------
 
 void ArrayReader::read(std::uint64_t offset, std::uint64_t length, std::byte* dest) const {
-  if (length > 0) std::memcpy(dest, view_ + offset, length);
+  if (length == 0) return;
+  // The view may be a mapping whose file shrank since: copy guarded (fault_guard.hpp).
+  const std::byte* src = view_ + offset;
+  if (!guarded([&] { std::memcpy(dest, src, length); }))
+    throw shrunk_mapping_error(name_, header_.data_offset + offset, length);
 }
 
 void ArrayReader::read_strided(std::uint64_t offset, std::uint64_t length, std::uint64_t stride, std::uint64_t count,

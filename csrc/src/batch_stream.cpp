@@ -25,7 +25,8 @@ void BatchStream::fill() {
   while (!closed_ && pending_.size() < prefetch_ && next_start_ < num_batches_) {
     const std::size_t first = next_start_ * batch_size_;
     std::vector<std::int64_t> ids = order_.slice(first, batch_size_);
-    auto [batch, job] = source_->start_batch(shared_pool(), std::move(ids), buffers_.get());
+    auto [batch, job] =
+        source_->start_batch(shared_pool(0, source_->options().placement), std::move(ids), buffers_.get());
     pending_.push_back({std::move(job), std::move(batch)});
     ++next_start_;
   }

@@ -5,6 +5,8 @@
 #include <numeric>
 
 #include "npyfeed/detail/convert.hpp"
+#include "npyfeed/fault_guard.hpp"
+#include "npyfeed/mapped_file.hpp"
 
 namespace npyfeed {
 
@@ -17,6 +19,14 @@ constexpr std::uint64_t kMaxSpanBytes = 16u << 20;
 
 // Column-major 2-d arrays with more than one column need a transpose; one column is already row order.
 bool transposed(const NpyHeader& h) { return h.fortran_order && h.shape.size() == 2 && h.shape[1] > 1; }
+
+// Runs `copy`, which reads data bytes [offset, offset + length) of `source` from memory that may be a mapping,
+// guarded: where the file shrank since it was mapped the read raises SIGBUS (fault_guard.hpp), and the
+// copy is abandoned and reported naming the file. `copy` must only copy over raw pointers (no allocation).
+template <class F>
+void copy_guarded(const ArraySource& source, std::uint64_t offset, std::uint64_t length, F&& copy) {
+  if (!guarded(copy)) throw shrunk_mapping_error(source.name(), source.header().data_offset + offset, length);
+}
 
 // Rows [first, last) of `source` in C order: from its reader (or a view), transposed from a Fortran-order
 // file into `scratch`. Valid until the next fetch on this thread.
@@ -47,11 +57,14 @@ const std::byte* fetch_rows(const ArraySource& source, std::int64_t first, std::
     start = 0;
   }
   scratch.resize(bytes);
-  for (std::uint64_t f = 0; f < cols; ++f) {
-    const std::byte* src = base + start + f * stride;
-    for (std::uint64_t t = 0; t < count; ++t) std::memcpy(scratch.data() + (t * cols + f) * isz, src + t * isz, isz);
-  }
-  return scratch.data();
+  std::byte* out = scratch.data();
+  copy_guarded(source, 0, h.nbytes, [&] {
+    for (std::uint64_t f = 0; f < cols; ++f) {
+      const std::byte* src = base + start + f * stride;
+      for (std::uint64_t t = 0; t < count; ++t) std::memcpy(out + (t * cols + f) * isz, src + t * isz, isz);
+    }
+  });
+  return out;
 }
 
 }  // namespace
@@ -185,25 +198,31 @@ void Gather::gather_factors(std::size_t begin, std::size_t end, std::vector<std:
     }
     const std::byte* rows_data =
         run.end_row > run.first ? fetch_rows(factor, run.first, run.end_row, scratch) : nullptr;
-    for (std::size_t k = begin + run.begin; k < begin + run.end; ++k) {
-      const Sample& s = sample_at(order_[k]);
-      std::byte* out = out_of(order_[k]);
-      const __int128 first = window_first(s);
-      const std::int64_t a = clip(first);
-      const std::int64_t b = clip(window_end(s));
-      // Rows before the array, the rows inside it, rows after it (zeros only under bounds='pad').
-      const auto before = static_cast<std::int64_t>(std::min<__int128>(std::max<__int128>(a - first, 0), window));
-      const std::int64_t inside = std::max<std::int64_t>(b - a, 0);
-      std::memset(out, 0, static_cast<std::size_t>(before) * x_row_out);
-      if (inside > 0) {
-        convert(rows_data + static_cast<std::uint64_t>(a - run.first) * src_row_bytes, st,
-                static_cast<std::uint64_t>(inside) * in_.x_row_elems,
-                out + static_cast<std::uint64_t>(before) * x_row_out);
+    // The rows may be a mapping's pages: read them guarded (copy_guarded), with nothing allocated inside.
+    const std::uint64_t run_offset = static_cast<std::uint64_t>(run.first) * src_row_bytes;
+    const std::uint64_t run_bytes =
+        static_cast<std::uint64_t>(std::max<std::int64_t>(run.end_row - run.first, 0)) * src_row_bytes;
+    copy_guarded(factor, run_offset, run_bytes, [&] {
+      for (std::size_t k = begin + run.begin; k < begin + run.end; ++k) {
+        const Sample& s = sample_at(order_[k]);
+        std::byte* out = out_of(order_[k]);
+        const __int128 first = window_first(s);
+        const std::int64_t a = clip(first);
+        const std::int64_t b = clip(window_end(s));
+        // Rows before the array, the rows inside it, rows after it (zeros only under bounds='pad').
+        const auto before = static_cast<std::int64_t>(std::min<__int128>(std::max<__int128>(a - first, 0), window));
+        const std::int64_t inside = std::max<std::int64_t>(b - a, 0);
+        std::memset(out, 0, static_cast<std::size_t>(before) * x_row_out);
+        if (inside > 0) {
+          convert(rows_data + static_cast<std::uint64_t>(a - run.first) * src_row_bytes, st,
+                  static_cast<std::uint64_t>(inside) * in_.x_row_elems,
+                  out + static_cast<std::uint64_t>(before) * x_row_out);
+        }
+        const std::int64_t after = window - before - inside;
+        std::memset(out + static_cast<std::uint64_t>(before + inside) * x_row_out, 0,
+                    static_cast<std::size_t>(after) * x_row_out);
       }
-      const std::int64_t after = window - before - inside;
-      std::memset(out + static_cast<std::uint64_t>(before + inside) * x_row_out, 0,
-                  static_cast<std::size_t>(after) * x_row_out);
-    }
+    });
   }
 }
 
@@ -238,11 +257,14 @@ void Gather::gather_labels(std::size_t begin, std::size_t end, std::vector<std::
   const std::uint64_t span = in_memory ? UINT64_MAX : kMaxSpanBytes;
   for (const Run& run : merge_runs(ranges, src_row_bytes, gap, span)) {
     const std::byte* rows_data = fetch_rows(label, run.first, run.end_row, scratch);
-    for (std::size_t k = inside_begin + run.begin; k < inside_begin + run.end; ++k) {
-      const std::int64_t l = sample_at(by_label[k]).label;
-      convert(rows_data + static_cast<std::uint64_t>(l - run.first) * src_row_bytes, label.header().scalar,
-              in_.y_row_elems, out_of(by_label[k]));
-    }
+    copy_guarded(label, static_cast<std::uint64_t>(run.first) * src_row_bytes,
+                 static_cast<std::uint64_t>(run.end_row - run.first) * src_row_bytes, [&] {
+                   for (std::size_t k = inside_begin + run.begin; k < inside_begin + run.end; ++k) {
+                     const std::int64_t l = sample_at(by_label[k]).label;
+                     convert(rows_data + static_cast<std::uint64_t>(l - run.first) * src_row_bytes,
+                             label.header().scalar, in_.y_row_elems, out_of(by_label[k]));
+                   }
+                 });
   }
 }
 

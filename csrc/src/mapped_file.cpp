@@ -6,12 +6,20 @@
 #include <cerrno>
 
 #include "npyfeed/errors.hpp"
+#include "npyfeed/fault_guard.hpp"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
 #endif
 
 namespace npyfeed {
+
+NpyFormatError shrunk_mapping_error(const std::string& path, std::uint64_t offset, std::uint64_t length) {
+  return NpyFormatError(path, offset,
+                        "cannot read bytes " + std::to_string(offset) + " to " + std::to_string(offset + length) +
+                            " of the mapping: the file shrank after it was opened (truncated while in use; "
+                            "replace files by renaming a new one over them instead)");
+}
 
 std::shared_ptr<MappedFile> MappedFile::map(const File& file) {
   if (file.size() == 0) return std::shared_ptr<MappedFile>(new MappedFile(nullptr, 0));
@@ -38,17 +46,16 @@ void MappedFile::populate(std::uint64_t offset, std::uint64_t length) const {
   std::uint64_t start = offset / page * page;
   std::uint64_t end = offset + length;
   if (::madvise(const_cast<std::byte*>(data_) + start, end - start, MADV_POPULATE_READ) == 0) return;
-  if (errno == EFAULT) {
-    // A page cannot be read: the file shrank after it was mapped (or the device failed). Touching it
-    // would raise SIGBUS, so report it instead.
-    throw NpyFormatError("", offset,
-                         "cannot read bytes " + std::to_string(offset) + " to " + std::to_string(end) +
-                             " of the mapping: the file shrank after it was opened (truncated while loading)");
-  }
-  // Older kernels (EINVAL): touch one byte per page.
-  volatile std::byte sink{};
-  for (std::uint64_t at = start; at < end; at += page) sink = data_[at];
-  (void)sink;
+  // A page that cannot be read (EFAULT): the file shrank after it was mapped (or the device failed).
+  if (errno == EFAULT) throw shrunk_mapping_error("", offset, length);
+  // Older kernels (EINVAL): touch one byte per page, guarded (a lost page raises SIGBUS; see fault_guard.hpp).
+  const std::byte* data = data_;
+  auto touch = [&] {
+    volatile std::byte sink{};
+    for (std::uint64_t at = start; at < end; at += page) sink = data[at];
+    (void)sink;
+  };
+  if (!guarded(touch)) throw shrunk_mapping_error("", offset, length);
 }
 
 void MappedFile::will_need(std::uint64_t offset, std::uint64_t length) const {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cfenv>
+#include <map>
 
 #include "npyfeed/errors.hpp"
 
@@ -65,7 +66,9 @@ void Job::rethrow_if_failed() {
   if (cancelled() && items_done_.load() < count_) throw Cancelled();
 }
 
-ThreadPool::ThreadPool(std::size_t threads) { ensure_size(threads); }
+ThreadPool::ThreadPool(std::size_t threads, Placement placement) : placement_(std::move(placement)) {
+  ensure_size(threads);
+}
 
 ThreadPool::~ThreadPool() {
   {
@@ -82,8 +85,10 @@ std::size_t ThreadPool::size() const {
 }
 
 void ThreadPool::ensure_size(std::size_t threads) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   while (threads_.size() < threads) threads_.emplace_back([this] { worker_loop(); });
+  // Returns once every worker has placed and named itself: none is ever seen (or runs) unplaced.
+  started_.wait(lock, [this] { return workers_started_ == threads_.size(); });
 }
 
 void ThreadPool::worker_loop() {
@@ -91,6 +96,20 @@ void ThreadPool::worker_loop() {
   // flush-to-zero mode TensorFlow sets in its threads when a gather first runs inside tf.data. Workers
   // start from the default environment so conversions keep subnormals, as numpy does.
   std::fesetenv(FE_DFL_ENV);
+  if (!placement_.empty()) {
+    try {
+      apply_placement(placement_);
+    } catch (const Error&) {
+      // Checked before the pool was made (check_placement); a CPU gone offline since leaves this worker as it is.
+    }
+  }
+  // Named for `top -H` and /proc/<pid>/task/*/comm.
+  pthread_setname_np(pthread_self(), "npyfeed");
+  {
+    std::lock_guard lock(mutex_);
+    ++workers_started_;
+  }
+  started_.notify_all();
   while (true) {
     std::shared_ptr<Job> job;
     {
@@ -128,7 +147,7 @@ void ThreadPool::run(std::size_t count, std::size_t max_workers, std::function<v
 
 namespace {
 std::mutex g_pool_mutex;
-ThreadPool* g_pool = nullptr;
+std::map<Placement, ThreadPool*>* g_pools = nullptr;  // one per placement; leaked, as the pools are
 pid_t g_pool_pid = 0;
 
 // fork() while another thread holds g_pool_mutex would leave it locked forever in the child: hold it
@@ -141,15 +160,25 @@ const bool g_atfork_registered = [] {
 }();
 }  // namespace
 
-ThreadPool& shared_pool(std::size_t min_threads) {
+ThreadPool& shared_pool(std::size_t min_threads, const Placement& placement) {
   std::lock_guard lock(g_pool_mutex);
-  if (g_pool == nullptr || g_pool_pid != ::getpid()) {
-    // In a forked child the old pool's threads are gone and its mutexes may be held forever: abandon it.
-    g_pool = new ThreadPool(0);
+  if (g_pools == nullptr || g_pool_pid != ::getpid()) {
+    // In a forked child the old pools' threads are gone and their mutexes may be held forever: abandon them.
+    g_pools = new std::map<Placement, ThreadPool*>();
     g_pool_pid = ::getpid();
   }
-  g_pool->ensure_size(min_threads);
-  return *g_pool;
+  ThreadPool*& pool = (*g_pools)[placement];
+  if (pool == nullptr) {
+    try {
+      if (!placement.empty()) check_placement(placement);
+    } catch (...) {
+      g_pools->erase(placement);
+      throw;
+    }
+    pool = new ThreadPool(0, placement);
+  }
+  pool->ensure_size(min_threads);
+  return *pool;
 }
 
 std::size_t available_cpus() {

@@ -18,6 +18,9 @@ def load_many(
     max_header_size: int,
     populate: bool,
     progress: Callable[[int, int], None] | None = None,
+    cpus: Sequence[int] = ...,
+    nice: int | None = None,
+    io_priority: tuple[int, int] | None = None,
 ) -> list[tuple[np.ndarray, bool]]: ...
 
 class SampleIndex:
@@ -61,6 +64,9 @@ def open_window_files(
     mode: str,
     threads: int,
     max_header_size: int,
+    cpus: Sequence[int] = ...,
+    nice: int | None = None,
+    io_priority: tuple[int, int] | None = None,
 ) -> WindowSourceCore: ...
 def window_source_from_arrays(
     index: SampleIndex,
@@ -70,5 +76,8 @@ def window_source_from_arrays(
     dtype: str,
     bounds: str,
     threads: int,
+    cpus: Sequence[int] = ...,
+    nice: int | None = None,
+    io_priority: tuple[int, int] | None = None,
 ) -> WindowSourceCore: ...
 def epoch_order(n: int, shuffle: bool, seed: int, epoch: int, num_shards: int, shard_index: int) -> np.ndarray: ...

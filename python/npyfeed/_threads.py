@@ -1,14 +1,18 @@
-"""How many threads a call uses: argument, else NPYFEED_THREADS, else the CPUs we may run on."""
+"""How many threads a call uses (argument, else NPYFEED_THREADS, else the CPUs given as ``cpus=``, else the CPUs
+we may run on), and where they run (``cpus=``, ``nice=``, ``io_priority=``: the placement of npyfeed's own
+pool threads, checked by the core)."""
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
+
 #: More threads than this is a mistake (a pool thread per request would exhaust the process).
 MAX_THREADS = 1024
 
 
-def resolve_threads(threads: int | None) -> int:
+def resolve_threads(threads: int | None, cpus: list | None = None) -> int:
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int):
             raise TypeError(f"threads must be an int or None, not {type(threads).__name__}")
@@ -24,7 +28,50 @@ def resolve_threads(threads: int | None) -> int:
         if not 1 <= value <= MAX_THREADS:
             raise ValueError(f"NPYFEED_THREADS must be an integer between 1 and {MAX_THREADS}, got {env!r}")
         return value
+    if cpus:
+        return len(cpus)
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+#: IO priority classes (Linux ioprio): name -> class number.
+IO_CLASSES = {"realtime": 1, "best-effort": 2, "idle": 3}
+
+
+def resolve_placement(cpus, nice, io_priority) -> dict:
+    """The placement arguments of the core: ``cpus`` (sorted, distinct), ``nice``, ``io_priority`` (class, level).
+
+    Only the types and names are checked here; the values (CPU numbers this process may use, the nice range,
+    the level range, privileges) are checked once, by the core, when a pool for the placement is first made.
+    """
+    out: dict = {}
+    if cpus is not None:
+        if isinstance(cpus, (str, bytes)) or not hasattr(cpus, "__iter__"):
+            raise TypeError(f"cpus must be an iterable of CPU numbers, not {type(cpus).__name__}")
+        numbers = list(cpus)
+        if any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) for c in numbers):
+            raise TypeError(f"cpus must be CPU numbers (int), got {numbers!r}")
+        if not numbers:
+            raise ValueError("cpus must name at least one CPU (None: wherever the caller's threads may run)")
+        out["cpus"] = sorted({int(c) for c in numbers})
+    if nice is not None:
+        if isinstance(nice, bool) or not isinstance(nice, (int, np.integer)):
+            raise TypeError(f"nice must be an int or None, not {type(nice).__name__}")
+        out["nice"] = int(nice)
+    if io_priority is not None:
+        if isinstance(io_priority, str):
+            name, level = io_priority, 4
+        else:
+            try:
+                name, level = io_priority
+            except (TypeError, ValueError):
+                raise TypeError(f"io_priority must be 'idle', 'best-effort', 'realtime' or (class, level), "
+                                f"got {io_priority!r}") from None
+        if name not in IO_CLASSES:
+            raise ValueError(f"io_priority class must be one of {tuple(IO_CLASSES)}, got {name!r}")
+        if isinstance(level, bool) or not isinstance(level, (int, np.integer)):
+            raise TypeError(f"io_priority level must be an int from 0 to 7, got {level!r}")
+        out["io_priority"] = (IO_CLASSES[name], int(level))
+    return out

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from . import _core
-from ._threads import resolve_threads
+from ._threads import resolve_placement, resolve_threads
 
 __all__ = ["Header", "read_header", "load", "load_many", "load_factor_files", "MODES"]
 
@@ -97,7 +97,7 @@ def read_header(path, *, max_header_size: int = 10000) -> Header:
 
 
 def load(path, *, mode: str = "auto", threads: int | None = None, populate: bool = False,
-         max_header_size: int = 10000) -> np.ndarray:
+         max_header_size: int = 10000, cpus=None, nice: int | None = None, io_priority=None) -> np.ndarray:
     """Load one `.npy` file; equal to ``np.load(path)`` in dtype, shape, values and memory order.
 
     Parameters
@@ -112,16 +112,20 @@ def load(path, *, mode: str = "auto", threads: int | None = None, populate: bool
         With ``mode="mmap"``, fault every page in now (in parallel) instead of on first touch.
     max_header_size : int
         Largest header text accepted (default 10000, as numpy).
+    cpus, nice, io_priority
+        Where npyfeed's threads for this load run; see `load_many`.
 
     Raises
     ------
     NpyFormatError, OSError
     """
-    return load_many([path], mode=mode, threads=threads, populate=populate, max_header_size=max_header_size)[0]
+    return load_many([path], mode=mode, threads=threads, populate=populate, max_header_size=max_header_size,
+                     cpus=cpus, nice=nice, io_priority=io_priority)[0]
 
 
 def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None, progress: bool = False,
-              populate: bool = False, max_header_size: int = 10000) -> list:
+              populate: bool = False, max_header_size: int = 10000, cpus=None, nice: int | None = None,
+              io_priority=None) -> list:
     """Load many `.npy` files in parallel with the GIL released.
 
     Parameters
@@ -130,11 +134,20 @@ def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None
     mode : {"auto", "mmap", "read", "direct"}
         As in `load`; ``"auto"`` (the default) is ``"read"``.
     threads : int, optional
+        Default: ``NPYFEED_THREADS``, else one per CPU in `cpus`, else the CPUs this process may use.
     progress : bool
         Show a tqdm progress bar in bytes.
     populate : bool
         With ``mode="mmap"``, fault all pages in now, in parallel.
     max_header_size : int
+    cpus : iterable of int, optional
+        CPUs npyfeed's own threads for this call run on (their affinity); the caller's threads and other
+        calls' threads are never changed. Default: wherever the thread that started them may run.
+    nice : int, optional
+        Niceness of those threads, -20 to 19 (lower than the process's needs privileges).
+    io_priority : {"idle", "best-effort", "realtime"} or (class, level), optional
+        Linux IO priority of those threads: a class, or a class and a level from 0 (highest) to 7 (default
+        4). ``"idle"`` reads only when no one else uses the disk; ``"realtime"`` needs privileges.
 
     Returns
     -------
@@ -145,14 +158,19 @@ def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None
     ------
     NpyFormatError, OSError
         For the first file that fails; the message names it. Nothing is returned then.
+    ValueError
+        Bad arguments, e.g. `cpus` this process cannot use (offline, or outside its cpuset).
+    PermissionError
+        A `nice` or `io_priority` that needs privileges this process lacks.
     """
     paths = [_fspath(p) for p in paths]
     core_mode = _resolve_mode(mode, auto="read")
-    nthreads = resolve_threads(threads)
+    placement = resolve_placement(cpus, nice, io_priority)
+    nthreads = resolve_threads(threads, placement.get("cpus"))
     bar = _progress_bar(progress, len(paths))
     try:
         results = _core.load_many([_native(p) for p in paths], core_mode, nthreads, max_header_size, populate,
-                                  bar.update_to if bar is not None else None)
+                                  bar.update_to if bar is not None else None, **placement)
     finally:
         if bar is not None:
             bar.close()
@@ -172,7 +190,8 @@ def _default_key(path: str) -> str:
 def load_factor_files(in_files: Sequence, store_dict: MutableMapping | None = None, *,
                       key: Callable[[str], object] | None = None, mode: str = "auto",
                       threads: int | None = None, progress: bool = False, populate: bool = False,
-                      max_header_size: int = 10000) -> MutableMapping:
+                      max_header_size: int = 10000, cpus=None, nice: int | None = None,
+                      io_priority=None) -> MutableMapping:
     """Drop-in for the users' ``load_factor_files(in_files, store_dict)``, in parallel.
 
     Fills ``store_dict[key(path)] = array`` for every file and returns `store_dict`.
@@ -184,7 +203,7 @@ def load_factor_files(in_files: Sequence, store_dict: MutableMapping | None = No
         Filled in place (a new dict if None).
     key : callable, optional
         Maps a path to its key; default: the file name without ``.npy``.
-    mode, threads, progress, populate, max_header_size
+    mode, threads, progress, populate, max_header_size, cpus, nice, io_priority
         As in `load_many`. ``mode="mmap"`` shares one copy of the data between all processes.
 
     Raises
@@ -205,7 +224,7 @@ def load_factor_files(in_files: Sequence, store_dict: MutableMapping | None = No
             raise ValueError(f"two files map to the key {k!r}: {seen[k]} and {p}")
         seen[k] = p
     arrays = load_many(paths, mode=mode, threads=threads, progress=progress, populate=populate,
-                       max_header_size=max_header_size)
+                       max_header_size=max_header_size, cpus=cpus, nice=nice, io_priority=io_priority)
     store_dict.update(zip(keys, arrays))  # only after every file loaded: no half-filled dict
     return store_dict
 

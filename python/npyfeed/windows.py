@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from . import _core
-from ._threads import resolve_threads
+from ._threads import resolve_placement, resolve_threads
 from .loading import _fspath, _native, _resolve_mode
 
 log = logging.getLogger("npyfeed")
@@ -77,13 +77,25 @@ class WindowSource:
         the missing rows as zeros.
     max_header_size : int
         Largest `.npy` header accepted.
+    cpus : iterable of int, optional
+        CPUs this source's gather threads run on (their affinity; default ``threads`` is then one per CPU),
+        e.g. a slice of the cores this trainer was given, away from the ones TensorFlow's threads use. Only
+        npyfeed's own pool threads for this placement are placed; the caller's threads, and the threads of
+        sources with another placement, are never changed. Default: wherever the starting thread may run.
+    nice : int, optional
+        Niceness of those threads, -20 to 19 (lower than the process's needs privileges).
+    io_priority : {"idle", "best-effort", "realtime"} or (class, level), optional
+        Linux IO priority of those threads (see `npyfeed.load_many`).
 
     Raises
     ------
     FileNotFoundError
         Keys whose factor or label file is missing (the first few are listed).
     ValueError
-        A malformed index line (file and line named), files whose row shapes differ, bad arguments.
+        A malformed index line (file and line named), files whose row shapes differ, bad arguments (`cpus`
+        this process cannot use among them).
+    PermissionError
+        A `nice` or `io_priority` that needs privileges this process lacks.
     IndexError
         With ``bounds="error"``, the first sample outside its arrays.
     NpyFormatError, OSError
@@ -91,24 +103,27 @@ class WindowSource:
     """
 
     def __init__(self, index_files, factor_dir, label_dir, window: int, *, mode: str = "auto",
-                 threads: int | None = None, dtype="float32", bounds: str = "error", max_header_size: int = 10000):
+                 threads: int | None = None, dtype="float32", bounds: str = "error", max_header_size: int = 10000,
+                 cpus=None, nice: int | None = None, io_priority=None):
         window, out_dtype = _check_common(window, dtype, bounds)
         core_mode = _resolve_mode(mode, auto="mmap")
-        nthreads = resolve_threads(threads)
+        placement = resolve_placement(cpus, nice, io_priority)
+        nthreads = resolve_threads(threads, placement.get("cpus"))
         index = _core.read_index_files([_native(p) for p in _index_paths(index_files)])
         factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
         keys = index.keys
         factor_paths = [os.path.join(factor_dir, k + ".npy") for k in keys]
         label_paths = [os.path.join(label_dir, k + ".npy") for k in keys]
         core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, _dtype_name(out_dtype), bounds, core_mode,
-                                       nthreads, max_header_size)
+                                       nthreads, max_header_size, **placement)
         self._init(core, index, window, out_dtype, core_mode, nthreads)
         self._files = tuple(factor_paths + label_paths)
         self._warn_direct_fallback()
 
     @classmethod
     def from_arrays(cls, index, factors: Mapping, labels: Mapping, window: int, *, threads: int | None = None,
-                    dtype="float32", bounds: str = "error") -> WindowSource:
+                    dtype="float32", bounds: str = "error", cpus=None, nice: int | None = None,
+                    io_priority=None) -> WindowSource:
         """Window samples over arrays already in memory, e.g. the dict from `load_factor_files`.
 
         Parameters
@@ -116,12 +131,13 @@ class WindowSource:
         index : path(s) of index files, or a sequence of ``(feature_index, label_index, key)`` tuples
         factors, labels : mapping of key -> numpy.ndarray
             Arrays are used in place when C-contiguous (otherwise a contiguous copy is made once).
-        window, threads, dtype, bounds
+        window, threads, dtype, bounds, cpus, nice, io_priority
             As for `WindowSource`. There is no `mode`: the arrays are read in place, and the source's
             ``mode`` attribute says ``"memory"``.
         """
         window, out_dtype = _check_common(window, dtype, bounds)
-        nthreads = resolve_threads(threads)
+        placement = resolve_placement(cpus, nice, io_priority)
+        nthreads = resolve_threads(threads, placement.get("cpus"))
         if isinstance(index, (str, bytes, os.PathLike)) or (
                 isinstance(index, Sequence) and index and isinstance(index[0], (str, bytes, os.PathLike))):
             core_index = _core.read_index_files([_native(p) for p in _index_paths(index)])
@@ -137,7 +153,7 @@ class WindowSource:
         label_arrays = [np.ascontiguousarray(labels[k]) for k in keys]
         # The core reads these arrays in place and keeps them alive itself, as long as it needs them.
         core = _core.window_source_from_arrays(core_index, factor_arrays, label_arrays, window,
-                                               _dtype_name(out_dtype), bounds, nthreads)
+                                               _dtype_name(out_dtype), bounds, nthreads, **placement)
         self = cls.__new__(cls)
         self._init(core, core_index, window, out_dtype, "memory", nthreads)
         return self

@@ -1,0 +1,210 @@
+"""Loader placement (issue 8, item 5): ``cpus=``, ``nice=`` and ``io_priority=`` place npyfeed's own pool
+threads, for WindowSource and the loaders, and nothing else: not the caller's thread, not the threads of
+calls with another placement (the default one included). Observed through /proc/self/task (thread names,
+Cpus_allowed_list), os.getpriority per thread and the ioprio_get system call. Each scenario runs in a fresh
+subprocess (pools live as long as the process) that prints JSON. Mirrors tests/cpp/test_placement.cpp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+
+import npyfeed
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread placement is Linux")
+
+HANG_GUARD_S = 300
+IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(platform.machine())
+
+CHILD_SETUP = textwrap.dedent(
+    """
+    import ctypes, json, os, sys, threading
+    import numpy as np
+    import npyfeed
+
+    args = json.loads(sys.argv[1])
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def npyfeed_threads():
+        tids = set()
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if f.read().strip() == "npyfeed":
+                        tids.add(int(tid))
+            except FileNotFoundError:
+                pass
+        return tids
+
+    def state(tid):
+        with open(f"/proc/self/task/{tid}/status") as f:
+            cpus = next(line for line in f if line.startswith("Cpus_allowed_list")).split()[1]
+        ioprio = libc.syscall(args["ioprio_get"], 1, tid) if args["ioprio_get"] else None
+        return {"cpus": sorted(os.sched_getaffinity(tid)), "cpus_list": cpus,
+                "nice": os.getpriority(os.PRIO_PROCESS, tid), "ioprio": ioprio}
+
+    def states(tids):
+        return sorted({json.dumps(state(t), sort_keys=True) for t in tids})
+
+    def report(**out):
+        print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+
+def run_child(body: str, **args) -> dict:
+    args["ioprio_get"] = IOPRIO_GET
+    code = CHILD_SETUP + textwrap.dedent(body)
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
+                          timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-5000:]}"
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("placement")
+    (d / "f").mkdir()
+    (d / "l").mkdir()
+    lines = []
+    for key in ("a", "b", "c", "d"):
+        np.save(d / "f" / f"{key}.npy", np.ones((3000, 8), dtype=np.float32))
+        np.save(d / "l" / f"{key}.npy", np.ones(3000, dtype=np.float32))
+        lines += [f"{r},{r},{key}" for r in range(10, 3000, 7)]
+    (d / "index.txt").write_text("\n".join(lines) + "\n")
+    return d
+
+
+def cpu_choice():
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[-1], cpus[0]
+
+
+def state_of(cpus, nice, ioprio):
+    return json.dumps({"cpus": cpus, "cpus_list": ",".join(map(str, cpus)) if len(cpus) == 1 else None,
+                       "nice": nice, "ioprio": ioprio}, sort_keys=True)
+
+
+PLACED = """
+    d = args["dir"]
+    files = [os.path.join(d, "f", k + ".npy") for k in "abcd"]
+    caller = state(threading.get_native_id())
+    npyfeed.load_many(files, threads=3)                   # the default pool
+    default_tids = npyfeed_threads()
+    default_before = states(default_tids)
+
+    def src(**kw):
+        return npyfeed.WindowSource(os.path.join(d, "index.txt"), os.path.join(d, "f"), os.path.join(d, "l"), 4, **kw)
+
+    if args["api"] == "WindowSource":
+        s = src(cpus=[args["cpu"]], nice=args["nice"], io_priority="idle", threads=3)
+        s.get(np.arange(len(s)))
+        with s.batches(64) as it:
+            sum(1 for _ in it)
+    elif args["api"] == "from_arrays":
+        arrays = {k: np.ones((3000, 8), np.float32) for k in "abcd"}
+        labels = {k: np.ones(3000, np.float32) for k in "abcd"}
+        s = npyfeed.WindowSource.from_arrays(os.path.join(d, "index.txt"), arrays, labels, 4, cpus=[args["cpu"]],
+                                             nice=args["nice"], io_priority="idle", threads=3)
+        s.get(np.arange(len(s)))
+    elif args["api"] == "load_factor_files":
+        npyfeed.load_factor_files(files, cpus=[args["cpu"]], nice=args["nice"], io_priority="idle", threads=3)
+    else:
+        getattr(npyfeed, args["api"])(files if args["api"] == "load_many" else files[0], cpus=[args["cpu"]],
+                                      nice=args["nice"], io_priority="idle", threads=3, mode="mmap", populate=True)
+    placed_tids = npyfeed_threads() - default_tids
+    placed = states(placed_tids)
+    # Another placement: its own threads; the first placement's are left as they were.
+    npyfeed.load_many(files, cpus=[args["other_cpu"]], io_priority=("best-effort", 6), threads=2)
+    other_tids = npyfeed_threads() - default_tids - placed_tids
+    report(caller=[caller, state(threading.get_native_id())], default=[default_before, states(default_tids)],
+           placed=placed, placed_after=states(placed_tids), n_placed=len(placed_tids), other=states(other_tids))
+"""
+
+
+@pytest.mark.parametrize("api", ["WindowSource", "from_arrays", "load", "load_many", "load_factor_files"])
+def test_only_npyfeed_threads_of_that_call_are_placed(data, api):
+    cpu, other_cpu = cpu_choice()
+    nice = min(os.getpriority(os.PRIO_PROCESS, 0) + 5, 19)
+    r = run_child(PLACED, dir=str(data), api=api, cpu=cpu, other_cpu=other_cpu, nice=nice)
+    idle = (3 << 13) if IOPRIO_GET else None
+    want = json.loads(state_of([cpu], nice, idle))
+    assert r["n_placed"] >= 1
+    for s in r["placed"]:
+        s = json.loads(s)
+        assert s["cpus"] == [cpu] and s["cpus_list"] == str(cpu), s
+        assert s["nice"] == want["nice"] and s["ioprio"] == want["ioprio"], s
+    assert r["placed_after"] == r["placed"]
+    # The caller and the default pool's workers are untouched.
+    assert r["caller"][0] == r["caller"][1]
+    assert r["default"][0] == r["default"][1]
+    for s in map(json.loads, r["default"][1]):
+        assert s["cpus"] == r["caller"][0]["cpus"] and s["nice"] == r["caller"][0]["nice"], s
+    for s in map(json.loads, r["other"]):
+        assert s["cpus"] == [other_cpu] and s["nice"] == r["caller"][0]["nice"], s
+        if IOPRIO_GET:
+            assert s["ioprio"] == (2 << 13) | 6, s
+
+
+def test_threads_default_to_one_per_cpu(data):
+    cpu, _ = cpu_choice()
+    src = npyfeed.WindowSource(data / "index.txt", data / "f", data / "l", 4, cpus=[cpu])
+    assert src.threads == 1
+    src = npyfeed.WindowSource(data / "index.txt", data / "f", data / "l", 4, cpus=[cpu], threads=3)
+    assert src.threads == 3
+
+
+@pytest.mark.parametrize("cpus, error, words", [
+    ([-1], ValueError, "CPU numbers"),
+    ([1 << 20], ValueError, "CPU numbers"),
+    ([], ValueError, "at least one CPU"),
+    ([1023], ValueError, "1023 cannot be used by this process"),
+    (["0"], TypeError, "CPU numbers"),
+    ([0.0], TypeError, "CPU numbers"),
+    ([True], TypeError, "CPU numbers"),
+    (0, TypeError, "iterable"),
+], ids=["negative", "huge", "empty", "not-available", "str", "float", "bool", "not-iterable"])
+def test_invalid_cpus(data, tmp_path, cpus, error, words):
+    np.save(tmp_path / "x.npy", np.arange(10))
+    with pytest.raises(error, match=words):
+        npyfeed.load(tmp_path / "x.npy", cpus=cpus)
+    with pytest.raises(error, match=words):
+        npyfeed.WindowSource(data / "index.txt", data / "f", data / "l", 4, cpus=cpus)
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"nice": 20}, ValueError, "nice must be from -20 to 19"),
+    ({"nice": -21}, ValueError, "nice must be from -20 to 19"),
+    ({"nice": "5"}, TypeError, "nice"),
+    ({"io_priority": "fast"}, ValueError, "io_priority class"),
+    ({"io_priority": ("best-effort", 8)}, ValueError, "level must be from 0 to 7"),
+    ({"io_priority": ("idle",)}, TypeError, "io_priority"),
+    ({"io_priority": ("best-effort", 1.5)}, TypeError, "level"),
+], ids=["nice-high", "nice-low", "nice-str", "io-name", "io-level", "io-tuple", "io-level-type"])
+def test_invalid_nice_and_io_priority(tmp_path, kwargs, error, words):
+    np.save(tmp_path / "x.npy", np.arange(10))
+    with pytest.raises(error, match=words):
+        npyfeed.load(tmp_path / "x.npy", **kwargs)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may lower niceness")
+def test_lower_niceness_needs_privileges(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(10))
+    with pytest.raises(PermissionError):
+        npyfeed.load(tmp_path / "x.npy", nice=-20)
+
+
+def test_placed_loads_give_the_same_arrays(data):
+    cpu, _ = cpu_choice()
+    files = sorted((data / "f").glob("*.npy"))
+    for mode in ("read", "mmap", "direct"):
+        for got, path in zip(npyfeed.load_many(files, mode=mode, cpus=[cpu], nice=1, io_priority="idle"), files):
+            np.testing.assert_array_equal(got, np.load(path))
