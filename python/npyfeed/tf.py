@@ -33,6 +33,7 @@ import atexit
 import logging
 import threading
 import time
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -84,8 +85,8 @@ def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_
         (``count`` of them, or forever) as one checkpointable stream. Its iterators save and restore with
         ``tf.train.Checkpoint(iterator=it)``: the checkpoint holds positions, not batches, and a restored
         iterator (in a new process, over a dataset made with the same arguments) yields the same batches as an
-        uninterrupted one. A restored single pass (no ``repeat``) reads the epoch of the new process's pass:
-        make the dataset with ``epoch=`` the pass's epoch.
+        uninterrupted one. Checkpoint ``repeat()``'s iterator: a single pass restores its position, but
+        the epoch it then reads is the new dataset's next pass's, not necessarily the saved one.
 
     Raises
     ------
@@ -108,8 +109,11 @@ def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_
                 drop_remainder=bool(drop_remainder), prefetch=prefetch).close()
     parallel = int(prefetch)
     # Buffers in use at once: the gathers in flight, TensorFlow's prefetch buffer, the step's batch.
-    gather = _Gather(_core.EpochBatches(src._core, bool(shuffle), int(seed) if shuffle else 0, num_shards,
-                                        shard_index, int(batch_size), bool(drop_remainder), 2 * (parallel + 4)))
+    batches = _core.EpochBatches(src._core, bool(shuffle), int(seed) if shuffle else 0, num_shards, shard_index,
+                                 int(batch_size), bool(drop_remainder), 2 * (parallel + 4))
+    # In a graph (tf.compat.v1, tf.estimator, inside a tf.function) the pipeline outlives the Python dataset, and
+    # the graph owns the gather: hold it strongly there.
+    gather = _Gather(batches, weak=tf.executing_eagerly())
     steps = gather.num_batches
 
     dtype = tf.as_dtype(np.dtype(src.dtype))
@@ -147,12 +151,17 @@ def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_
             epochs, cardinality = tf.data.Dataset.range(epoch, 2**62), tf.data.INFINITE_CARDINALITY
         else:
             epochs, cardinality = tf.data.Dataset.range(epoch, epoch + count), count * steps
-        return finish(epochs.flat_map(one_epoch), cardinality)
+        ds = finish(epochs.flat_map(one_epoch), cardinality)
+        ds._npyfeed_batches = batches  # see _Gather
+        return ds
 
     with _state:
         _state.touch()  # from now on the exit hook waits for TensorFlow's threads to go quiet
     ds = finish(tf.data.Dataset.range(1).map(start_pass).flat_map(one_epoch), steps)
-    return ds if device is not None else _Dataset(ds, repeat, gather)
+    if device is not None:
+        ds._npyfeed_batches = batches
+        return ds
+    return _Dataset(ds, repeat, batches)
 
 
 class _Passes:
@@ -177,9 +186,9 @@ class _Passes:
 class _Dataset(dataset_ops.UnaryUnchangedStructureDataset):
     """The dataset, whose ``repeat()`` reads consecutive epochs from a native (checkpointed) range."""
 
-    def __init__(self, ds, repeat, gather):
+    def __init__(self, ds, repeat, batches):
         self._repeat = repeat
-        self._npyfeed_gather = gather  # keeps the gather (and with it the source) alive with the dataset
+        self._npyfeed_batches = batches  # see _Gather
         super().__init__(ds, ds._variant_tensor)
 
     def repeat(self, count=None, name=None):
@@ -188,17 +197,25 @@ class _Dataset(dataset_ops.UnaryUnchangedStructureDataset):
 
 
 class _Gather:
-    """Batch b of epoch e, as ``tf.numpy_function`` calls it: one Python call per batch, GIL released inside."""
+    """Batch b of epoch e, as ``tf.numpy_function`` calls it: one Python call per batch, GIL released inside.
 
-    def __init__(self, batches):
-        self._batches = batches
+    TensorFlow keeps a ``numpy_function``'s callable (in the traced function's graph) after the dataset is gone,
+    so in eager mode this holds the gather (and through it the source, its mappings and buffers) only weakly: the
+    datasets returned by `dataset` hold it, and an iterator holds its dataset.
+    """
+
+    def __init__(self, batches, weak: bool):
+        self._batches = weakref.ref(batches) if weak else (lambda: batches)
         self.num_batches = batches.num_batches
 
     def __call__(self, epoch, batch):
+        batches = self._batches()
+        if batches is None:
+            raise RuntimeError("npyfeed.tf: the dataset was garbage-collected while its pipeline still ran")
         if not _state.enter():
             raise RuntimeError("npyfeed.tf: the interpreter is exiting")
         try:
-            return self._batches.get(int(epoch), int(batch))
+            return batches.get(int(epoch), int(batch))
         finally:
             _state.leave()
 
