@@ -2,8 +2,8 @@
 
 In this process: element specs, values equal to ``src.batches`` and to numpy slicing, a new epoch per pass,
 `drop_remainder`, sharding by a hand-made ``tf.distribute.InputContext``, prefetch to a device, held batches not
-overwritten, the zero-copy hand-off (every tensor's buffer is the batch the generator yielded), abandoning a
-pass. In fresh interpreters (a few at a time, each killed after SCRIPT_TIMEOUT_S, so that a deadlock fails instead
+overwritten, the zero-copy hand-off (every tensor's buffer is the batch the gather returned), abandoning a
+pass. Checkpoints, the leak test and several workers: tests/test_tf_training.py. In fresh interpreters (a few at a time, each killed after SCRIPT_TIMEOUT_S, so that a deadlock fails instead
 of hanging the suite): ``import npyfeed`` without TensorFlow, scripts that stop early and exit (Keras ``fit`` with
 ``steps_per_epoch`` on a repeated dataset, ``for ...: break``, a gather in flight at exit, Ctrl-C), the control
 that shows the exit deadlock without the exit hook (expected to hang, killed after HANG_S), subnormals through a
@@ -181,32 +181,31 @@ def test_held_batches_are_not_overwritten(tf, src, data):
 
 
 def test_tf_adopts_aligned_batch_buffers_without_copying(tf, src):
-    # The premise of the zero-copy hand-off: a generator's 64-byte-aligned array becomes the tensor's buffer.
+    # The premise of the zero-copy hand-off: a numpy_function's 64-byte-aligned array becomes the tensor's buffer.
     x, _ = src.get(np.arange(8))
     assert x.ctypes.data % 64 == 0
     spec = tf.TensorSpec(x.shape, tf.float32)
-    tensor = next(iter(tf.data.Dataset.from_generator(lambda: iter([x]), output_signature=spec)))
+    tensor = next(iter(tf.data.Dataset.range(1).map(lambda _: tf.ensure_shape(tf.numpy_function(lambda: x, [], tf.float32),
+                                                                                spec.shape))))
     x[0, 0, 0] = 12345.0  # only a test may write into a batch TensorFlow holds
     assert float(tensor[0, 0, 0]) == 12345.0
 
 
-class _Recording:
-    """`src`, recording every batch its iterators hand to TensorFlow's generator."""
+@pytest.fixture
+def recorded(monkeypatch):
+    """Every batch npyfeed.tf's gather hands to TensorFlow (its ``numpy_function``), in call order."""
+    import npyfeed.tf
 
-    def __init__(self, src):
-        self._src = src
-        self.yielded = []
+    calls = []
+    gather = npyfeed.tf._Gather.__call__
 
-    def __getattr__(self, name):
-        return getattr(self._src, name)
+    def record(self, epoch, batch):
+        out = gather(self, epoch, batch)
+        calls.append((int(epoch), int(batch), out))
+        return out
 
-    def batches(self, *args, **kwargs):
-        def gen():
-            with self._src.batches(*args, **kwargs) as it:
-                for batch in it:
-                    self.yielded.append(batch)
-                    yield batch
-        return gen()
+    monkeypatch.setattr(npyfeed.tf._Gather, "__call__", record)
+    return calls
 
 
 def _address(array) -> int:
@@ -214,36 +213,34 @@ def _address(array) -> int:
     return np.asarray(array).__array_interface__["data"][0]
 
 
-def test_batches_reach_tensorflow_without_a_copy(tf, src):
-    # Through npyfeed.tf.dataset: every tensor's buffer is the very batch the generator yielded.
-    recording = _Recording(src)
-    tensors = list(npyfeed.tf.dataset(recording, 8, shuffle=True))  # all held: no buffer is reused
-    assert len(tensors) == len(recording.yielded) == -(-SAMPLES // 8)
-    for (x, y), (x_np, y_np) in zip(tensors, recording.yielded):
+def test_batches_reach_tensorflow_without_a_copy(tf, src, recorded):
+    # Through npyfeed.tf.dataset: every tensor's buffer is the very batch the gather returned.
+    tensors = list(npyfeed.tf.dataset(src, 8, shuffle=True))  # all held: no buffer is reused
+    yielded = [out for _, _, out in sorted(recorded, key=lambda c: c[:2])]
+    assert len(tensors) == len(yielded) == -(-SAMPLES // 8)
+    for (x, y), (x_np, y_np) in zip(tensors, yielded):
         assert x_np.ctypes.data % 64 == 0 and y_np.ctypes.data % 64 == 0
         assert _address(x) == x_np.ctypes.data and _address(y) == y_np.ctypes.data
         np.testing.assert_array_equal(x.numpy(), x_np, strict=True)
     # The check can fail: a copy of a batch is a tensor at another address.
-    copied = next(iter(tf.data.Dataset.from_tensors(recording.yielded[0][0]).map(lambda t: t + 0)))
-    assert _address(copied) != recording.yielded[0][0].ctypes.data
+    copied = next(iter(tf.data.Dataset.from_tensors(yielded[0][0]).map(lambda t: t + 0)))
+    assert _address(copied) != yielded[0][0].ctypes.data
 
 
-def test_an_error_in_a_gather_reaches_the_loop(tf, src):
-    class Failing:  # a source whose third batch fails, as a file truncated under it would
-        def __getattr__(self, name):
-            return getattr(src, name)
+def test_an_error_in_a_gather_reaches_the_loop(tf, src, monkeypatch):
+    import npyfeed.tf
 
-        def batches(self, *args, **kwargs):
-            def gen():
-                it = src.batches(*args, **kwargs)
-                yield next(it)
-                yield next(it)
-                raise OSError("disk gone under k3.npy")
-            return gen()
+    gather = npyfeed.tf._Gather.__call__
 
+    def failing(self, epoch, batch):  # the third batch fails, as a file truncated under it would
+        if int(batch) == 2:
+            raise OSError("disk gone under k3.npy")
+        return gather(self, epoch, batch)
+
+    monkeypatch.setattr(npyfeed.tf._Gather, "__call__", failing)
     got = []
     with pytest.raises(tf.errors.OpError, match="disk gone under k3.npy"):
-        for x, _ in npyfeed.tf.dataset(Failing(), 4):
+        for x, _ in npyfeed.tf.dataset(src, 4):
             got.append(x)
     assert len(got) == 2
 
@@ -338,8 +335,8 @@ index, factors, labels = _make_arrays()
 src = npyfeed.WindowSource.from_arrays(index, factors, labels, {WINDOW})
 """
 
-# A source whose gathers take two seconds (GIL released, like a cold disk): the script exits while TensorFlow's
-# thread is inside the generator (the second call, which starts as soon as the first batch is handed over).
+# Gathers that take two seconds (like a cold disk): the script exits while TensorFlow's thread is inside the
+# gather's numpy_function (the second call, started with the first or as soon as the first batch is handed over).
 # That thread wants the GIL back after finalization has begun, which CPython never grants, and the main thread
 # waits for it in the prefetch iterator's destructor: without the exit hook this deadlocks.
 _GATHER_IN_FLIGHT_AT_EXIT = """
@@ -349,25 +346,18 @@ _GATHER_IN_FLIGHT_AT_EXIT = """
         atexit.unregister(npyfeed.tf._stop_all_feeds)
 
     in_flight = threading.Event()
+    calls = []
+    gather = npyfeed.tf._Gather.__call__
 
-    class Slow:
-        def __init__(self, src): self._src = src
-        def __getattr__(self, name): return getattr(self._src, name)
-        def batches(self, *args, **kwargs):
-            it = self._src.batches(*args, **kwargs)
-            calls = []
-            class Batches:
-                def __iter__(self): return self
-                def __next__(self):
-                    calls.append(1)
-                    if len(calls) == 2:
-                        in_flight.set()
-                    time.sleep(2.0)
-                    return next(it)
-                def close(self): it.close()
-            return Batches()
+    def slow(self, epoch, batch):
+        calls.append(1)
+        if len(calls) == 2:
+            in_flight.set()
+        time.sleep(2.0)
+        return gather(self, epoch, batch)
 
-    it = iter(npyfeed.tf.dataset(Slow(src), 4))
+    npyfeed.tf._Gather.__call__ = slow
+    it = iter(npyfeed.tf.dataset(src, 4))
     next(it)
     assert in_flight.wait(60), "TensorFlow never asked for a second batch"
     print("ok", flush=True)

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "npyfeed/batch_stream.hpp"
+#include "npyfeed/epoch_batches.hpp"
 #include "npyfeed/epoch_order.hpp"
 #include "npyfeed/errors.hpp"
 #include "npyfeed/index.hpp"
@@ -545,6 +546,22 @@ PYBIND11_MODULE(_core, m) {
       .def("__next__", &PyBatchStream::next)
       .def("close", &PyBatchStream::close)
       .def_property_readonly("num_batches", &PyBatchStream::num_batches);
+
+  // Batch b of epoch e on demand (npyfeed.tf's checkpointable pipeline): one call per batch, GIL released while
+  // it gathers, so several TensorFlow threads may each wait for one.
+  py::class_<EpochBatches, std::shared_ptr<EpochBatches>>(m, "EpochBatches")
+      .def(py::init<std::shared_ptr<WindowSource>, bool, std::uint64_t, std::size_t, std::size_t, std::size_t, bool,
+                    std::size_t>(),
+           py::arg("source"), py::arg("shuffle"), py::arg("seed"), py::arg("num_shards"), py::arg("shard_index"),
+           py::arg("batch_size"), py::arg("drop_remainder"), py::arg("max_kept"))
+      .def_property_readonly("num_batches", &EpochBatches::num_batches)
+      .def("get", [](EpochBatches& batches, std::uint64_t epoch, std::size_t batch) {
+        auto [b, job] = without_gil([&] { return batches.start(epoch, batch); });
+        wait_interruptibly(job);
+        const WindowSource& s = batches.source();
+        const std::uint32_t out = s.options().out_size;
+        return py::make_tuple(wrap_batch(b.x, b.count, s.x_shape(), out), wrap_batch(b.y, b.count, s.y_shape(), out));
+      });
 
   m.def(
       "open_window_files",

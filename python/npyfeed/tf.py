@@ -1,25 +1,35 @@
 """`tf.data` pipelines over a `WindowSource`. This is the only module that imports TensorFlow.
 
 ``import npyfeed`` never imports TensorFlow; ``import npyfeed.tf`` (or the attribute ``npyfeed.tf``) does.
-The pipeline is a ``Dataset.from_generator`` over ``src.batches(...)``: TensorFlow calls the generator from
-its own threads, and each call waits for the C++ gather with the GIL released. No custom ops, so nothing
-depends on TensorFlow's C++ ABI.
 
-Zero copy: TensorFlow adopts a 64-byte-aligned numpy array handed to it by a generator without copying it
-(and copies any other; numpy's own large allocations sit at 16 mod 64). Batch buffers are 64-byte aligned,
+The pipeline is native ``tf.data`` over positions, mapped through a stateless gather::
+
+    range(1).map(next pass's epoch) -> flat_map(e: range(batches).map(b: (e, b)))    # positions
+      -> map(gather "batch b of epoch e", num_parallel_calls=prefetch, deterministic) -> prefetch
+
+The gather is one ``tf.numpy_function`` call per batch, which waits for the C++ gather with the GIL released,
+so ``prefetch`` batches are gathered at once. Its iterator is checkpointable (``tf.train.Checkpoint``): with
+symbolic checkpointing (``tf.data.Options.experimental_symbolic_checkpoint``) the state is the positions
+(a few bytes), never batches, and a restored iterator gathers the same batches again. No custom ops, so
+nothing depends on TensorFlow's C++ ABI.
+
+Epochs: a counter (a Python int behind a ``numpy_function``) gives each pass over the dataset the next epoch; ``dataset(...).repeat(count)`` reads epochs ``epoch, epoch + 1, ...`` from a native range, so the epoch
+is part of the checkpointed position and a restored repeat continues across the epoch boundary.
+
+Zero copy: TensorFlow adopts a 64-byte-aligned numpy array returned by a ``numpy_function`` without copying
+it (and copies any other; numpy's own large allocations sit at 16 mod 64). Batch buffers are 64-byte aligned,
 and a buffer is reused only after every reference to its batch, TensorFlow's included, is gone.
 
-Shutdown: a ``from_generator`` call that is in flight when the interpreter starts finalizing never
-finishes (CPython ends a thread that asks for the GIL after finalization began), so the prefetch iterator's
-destructor, run by the main thread during finalization, waits for it forever. An `atexit` hook, which
-runs while other threads can still take the GIL, therefore ends every epoch of every dataset made here and
-waits (GIL released) until no generator call is in flight and the pipelines have gone quiet.
+Shutdown: a ``numpy_function`` call that is in flight when the interpreter starts finalizing never finishes
+(CPython ends a thread that asks for the GIL after finalization began), so the iterator's destructor, run by
+the main thread during finalization, waits for it forever. An `atexit` hook, which runs while other threads
+can still take the GIL, therefore makes further gathers fail at once and waits (GIL released) until no gather
+is in flight and the pipelines have gone quiet.
 """
 
 from __future__ import annotations
 
 import atexit
-import itertools
 import logging
 import threading
 import time
@@ -27,6 +37,9 @@ import weakref
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.data.ops import dataset_ops
+
+from . import _core
 
 __all__ = ["dataset"]
 
@@ -34,7 +47,7 @@ log = logging.getLogger("npyfeed")
 
 
 def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_remainder: bool = False,
-            device: str | None = None, input_context=None, prefetch: int = 2) -> tf.data.Dataset:
+            device: str | None = None, input_context=None, prefetch: int = 2, epoch: int = 0) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(x, y)`` batches from `src`; each pass over it is a new epoch.
 
     Parameters
@@ -57,15 +70,23 @@ def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_
         ``input_pipeline_id`` of ``num_input_pipelines`` of every epoch (shards are disjoint and together cover
         the epoch exactly once) in batches of ``input_context.get_per_replica_batch_size(batch_size)``.
     prefetch : int
-        Batches the C++ side gathers ahead, in addition to TensorFlow's own ``prefetch(AUTOTUNE)``.
+        Batches gathered at once (``num_parallel_calls`` of the gather, in order), before TensorFlow's own
+        ``prefetch(AUTOTUNE)``.
+    epoch : int
+        The epoch of the first pass (e.g. Keras ``initial_epoch`` after a restart).
 
     Returns
     -------
     tf.data.Dataset
         Elements ``(x, y)`` of dtype ``src.dtype`` and shapes ``(B, *src.x_shape)`` and ``(B, *src.y_shape)``
-        (``B`` is None unless `drop_remainder`). Pass ``n`` (counting from 0) reads epoch ``n``: every
-        iterator made over the dataset (a ``for`` loop, a Keras epoch, a ``repeat()``) starts the next one.
-        Its cardinality is the number of batches per pass.
+        (``B`` is None unless `drop_remainder`). Pass ``n`` (counting from 0) reads epoch ``epoch + n``: every
+        iterator made over the dataset (a ``for`` loop, a Keras epoch) starts the next one. Its cardinality is
+        the number of batches per pass. ``.repeat(count)`` on it reads epochs ``epoch, epoch + 1, ...``
+        (``count`` of them, or forever) as one checkpointable stream. Its iterators save and restore with
+        ``tf.train.Checkpoint(iterator=it)``: the checkpoint holds positions, not batches, and a restored
+        iterator (in a new process, over a dataset made with the same arguments) yields the same batches as an
+        uninterrupted one. Checkpoint ``repeat()``'s iterator: a single pass restores its position, but
+        the epoch it then reads is the new dataset's next pass's, not necessarily the saved one.
 
     Raises
     ------
@@ -81,97 +102,131 @@ def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_
         num_shards, shard_index = input_context.num_input_pipelines, input_context.input_pipeline_id
     if device is not None and not isinstance(device, str):
         raise TypeError(f"device must be a device name such as '/gpu:0', not {type(device).__name__}")
-    options = dict(batch_size=batch_size, shuffle=bool(shuffle), seed=seed, num_shards=num_shards,
-                   shard_index=shard_index, drop_remainder=bool(drop_remainder), prefetch=prefetch)
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch < 2**62:
+        raise ValueError(f"epoch must be an integer in [0, 2**62), got {epoch!r}")
     # Check every argument here, where an error is readable, not in TensorFlow's thread at the first batch.
-    src.batches(**options).close()
-    steps = src.num_batches(batch_size, num_shards=num_shards, shard_index=shard_index,
-                            drop_remainder=bool(drop_remainder))
+    src.batches(batch_size, shuffle=bool(shuffle), seed=seed, num_shards=num_shards, shard_index=shard_index,
+                drop_remainder=bool(drop_remainder), prefetch=prefetch).close()
+    parallel = int(prefetch)
+    # Buffers in use at once: the gathers in flight, TensorFlow's prefetch buffer, the step's batch.
+    batches = _core.EpochBatches(src._core, bool(shuffle), int(seed) if shuffle else 0, num_shards, shard_index,
+                                 int(batch_size), bool(drop_remainder), 2 * (parallel + 4))
+    # In a graph (tf.compat.v1, tf.estimator, inside a tf.function) the pipeline outlives the Python dataset, and
+    # the graph owns the gather: hold it strongly there.
+    gather = _Gather(batches, weak=tf.executing_eagerly())
+    steps = gather.num_batches
 
     dtype = tf.as_dtype(np.dtype(src.dtype))
     batch_dim = int(batch_size) if drop_remainder else None
-    signature = (tf.TensorSpec((batch_dim, *src.x_shape), dtype), tf.TensorSpec((batch_dim, *src.y_shape), dtype))
+    x_shape, y_shape = (batch_dim, *src.x_shape), (batch_dim, *src.y_shape)
+
+    passes = _Passes(epoch)
+
+    def start_pass(_):
+        return tf.numpy_function(passes.start, [], tf.int64, stateful=False, name="npyfeed_next_epoch")
+
+    def one_epoch(e):
+        # Also called when a checkpointed iterator is restored into epoch e: the next pass continues after it.
+        e = tf.numpy_function(passes.seen, [e], tf.int64, stateful=False, name="npyfeed_epoch")
+        return tf.data.Dataset.range(steps).map(lambda b: (tf.ensure_shape(e, ()), b))
+
+    def load(e, b):
+        x, y = tf.numpy_function(gather, [e, b], (dtype, dtype), stateful=False, name="npyfeed_gather")
+        return tf.ensure_shape(x, x_shape), tf.ensure_shape(y, y_shape)
+
+    def finish(positions, cardinality):
+        ds = positions.map(load, num_parallel_calls=parallel, deterministic=True)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
+        ds = ds.prefetch(tf.data.AUTOTUNE)
+        options = tf.data.Options()
+        options.experimental_symbolic_checkpoint = True  # checkpoints hold positions, not prefetched batches
+        ds = ds.with_options(options)
+        if device is not None:
+            ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
+        return ds
+
+    def repeat(count):
+        count = -1 if count is None else int(count)
+        if count < 0:
+            epochs, cardinality = tf.data.Dataset.range(epoch, 2**62), tf.data.INFINITE_CARDINALITY
+        else:
+            epochs, cardinality = tf.data.Dataset.range(epoch, epoch + count), count * steps
+        ds = finish(epochs.flat_map(one_epoch), cardinality)
+        ds._npyfeed_batches = batches  # see _Gather
+        return ds
+
     with _state:
         _state.touch()  # from now on the exit hook waits for TensorFlow's threads to go quiet
-    ds = tf.data.Dataset.from_generator(_Feed(src, options), output_signature=signature)
-    ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
-    ds = ds.prefetch(tf.data.AUTOTUNE)
+    ds = finish(tf.data.Dataset.range(1).map(start_pass).flat_map(one_epoch), steps)
     if device is not None:
-        ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
-    return ds
+        ds._npyfeed_batches = batches
+        return ds
+    return _Dataset(ds, repeat, batches)
 
 
-class _Feed:
-    """The generator `from_generator` calls once per iterator: each call starts the next epoch."""
+class _Passes:
+    """The epoch of each new pass. Its calls are ``numpy_function(stateful=False)``: a checkpoint does not hold
+    this count (a restored iterator calls `seen` with its epoch instead), and TensorFlow need not warn about it."""
 
-    def __init__(self, src, options: dict):
-        self._src = src
-        self._options = options
-        self._epochs = itertools.count()
-
-    def __call__(self):
-        if not _state.enter():
-            return iter(())
-        try:
-            feed = _Epoch(self._src.batches(epoch=next(self._epochs), **self._options))
-            with _state:
-                _state.epochs.add(feed)  # if the exit hook started meanwhile, feed's first next() stops it
-            return feed
-        finally:
-            _state.leave()
-
-
-class _Epoch:
-    """One pass, as the iterator `from_generator` pulls from; stops at once when the interpreter exits."""
-
-    def __init__(self, batches):
-        self._batches = batches
-        # A BatchIterator is not meant to be used by two threads at once: close() from the exit hook must not
-        # overlap a next() in TensorFlow's thread.
+    def __init__(self, epoch: int):
+        self._next = epoch
         self._lock = threading.Lock()
 
-    def __iter__(self):
-        return self
+    def start(self) -> np.int64:
+        with self._lock:
+            self._next += 1
+            return np.int64(self._next - 1)
 
-    def __next__(self):
+    def seen(self, epoch) -> np.int64:
+        with self._lock:
+            self._next = max(self._next, int(epoch) + 1)
+        return np.int64(epoch)
+
+
+class _Dataset(dataset_ops.UnaryUnchangedStructureDataset):
+    """The dataset, whose ``repeat()`` reads consecutive epochs from a native (checkpointed) range."""
+
+    def __init__(self, ds, repeat, batches):
+        self._repeat = repeat
+        self._npyfeed_batches = batches  # see _Gather
+        super().__init__(ds, ds._variant_tensor)
+
+    def repeat(self, count=None, name=None):
+        """Epochs ``epoch, epoch + 1, ...``: `count` of them (None or -1: forever), checkpointable."""
+        return self._repeat(count)
+
+
+class _Gather:
+    """Batch b of epoch e, as ``tf.numpy_function`` calls it: one Python call per batch, GIL released inside.
+
+    TensorFlow keeps a ``numpy_function``'s callable (in the traced function's graph) after the dataset is gone,
+    so in eager mode this holds the gather (and through it the source, its mappings and buffers) only weakly: the
+    datasets returned by `dataset` hold it, and an iterator holds its dataset.
+    """
+
+    def __init__(self, batches, weak: bool):
+        self._batches = weakref.ref(batches) if weak else (lambda: batches)
+        self.num_batches = batches.num_batches
+
+    def __call__(self, epoch, batch):
+        batches = self._batches()
+        if batches is None:
+            raise RuntimeError("npyfeed.tf: the dataset was garbage-collected while its pipeline still ran")
         if not _state.enter():
-            self.close()
-            raise StopIteration
+            raise RuntimeError("npyfeed.tf: the interpreter is exiting")
         try:
-            with self._lock:
-                batches = self._batches
-                if batches is None:
-                    raise StopIteration
-                try:
-                    return next(batches)
-                finally:
-                    if _state.closing:
-                        self._batches = None
-                        batches.close()
+            return batches.get(int(epoch), int(batch))
         finally:
             _state.leave()
-
-    def close(self, *, blocking: bool = True) -> bool:
-        """Cancels the read-ahead. With ``blocking=False``, leaves an epoch whose next() is in flight alone."""
-        if not self._lock.acquire(blocking):
-            return False
-        try:
-            batches, self._batches = self._batches, None
-        finally:
-            self._lock.release()
-        if batches is not None:
-            batches.close()
-        return True
 
 
 class _State(threading.Condition):
-    """Process-wide bookkeeping for the exit hook: live epochs, generator calls in flight, last activity."""
+    """Process-wide bookkeeping for the exit hook: gathers in flight, last activity."""
 
     def __init__(self):
         super().__init__(threading.Lock())
         self.closing = False
         self.in_flight = 0
-        self.epochs = weakref.WeakSet()  # TensorFlow holds the epochs; one goes when TF finalizes its iterator
         self.used = False
         self.last_activity = 0.0
 
@@ -196,7 +251,7 @@ class _State(threading.Condition):
 
 _state = _State()
 
-#: After the exit hook stopped the epochs, it waits for this long without any generator call (enough for a
+#: After the exit hook stopped new gathers, it waits for this long without any gather call (enough for a
 #: TensorFlow thread that was waiting for the GIL to make its call, see the end, and finalize).
 _QUIET_S = 0.2
 #: The longest the exit hook waits for gathers in flight.
@@ -204,7 +259,7 @@ _EXIT_TIMEOUT_S = 30.0
 
 
 def _stop_all_feeds() -> None:
-    """Exit hook: end every epoch, then wait until no generator call is in flight and all is quiet."""
+    """Exit hook: make further gathers fail, then wait until none is in flight and all is quiet."""
     with _state:
         if _state.closing:
             return
@@ -212,15 +267,11 @@ def _stop_all_feeds() -> None:
         if not _state.used:
             return
         _state.touch()
-        epochs = list(_state.epochs)
-    for feed in epochs:
-        feed.close(blocking=False)  # one in flight closes itself when its next() returns
     deadline = time.monotonic() + _EXIT_TIMEOUT_S
     with _state:
         while True:
             now = time.monotonic()
-            quiet = now - _state.last_activity
-            if _state.in_flight == 0 and (quiet >= _QUIET_S or (not _state.epochs and quiet >= _QUIET_S / 4)):
+            if _state.in_flight == 0 and now - _state.last_activity >= _QUIET_S:
                 return
             if now >= deadline:
                 log.warning("npyfeed.tf: %d batch gather(s) still in flight at exit after %.0f s",
