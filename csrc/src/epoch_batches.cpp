@@ -32,7 +32,7 @@ std::pair<WindowBatch, std::shared_ptr<Job>> EpochBatches::start(std::uint64_t e
   // O(1) to set up: the order is evaluated only at this batch's positions.
   const EpochOrder order(source_->size(), shuffle_, seed_, shuffle_ ? epoch : 0, num_shards_, shard_index_);
   std::vector<std::int64_t> ids = order.slice(batch * batch_size_, batch_size_);
-  return source_->start_batch(shared_pool(), std::move(ids), buffers_.get());
+  return source_->start_batch(shared_pool(0, source_->options().placement), std::move(ids), buffers_.get());
 }
 
 }  // namespace npyfeed
