@@ -36,15 +36,16 @@ def _index_paths(index_files) -> list:
 
 
 def _load_index(index_files, cache: bool, cache_dir, threads: int):
-    """The compiled index of `index_files` (through the cache unless `cache` is false) and the cache file used."""
+    """The compiled index of `index_files` (through the cache unless `cache` is false), the cache file used (or
+    None) and whether this call compiled the index files."""
     paths = [_native(p) for p in _index_paths(index_files)]
     if not isinstance(cache, bool):
         raise TypeError(f"cache must be True or False, got {cache!r}")
     folder = "" if not cache else _native(_fspath(cache_dir)) if cache_dir is not None else _native(str(_default_cache_dir()))
-    index, cache_path, _built, warning = _core.load_index(paths, folder, threads)
+    index, cache_path, built, warning = _core.load_index(paths, folder, threads)
     if warning:
         log.warning("npyfeed: %s", warning)
-    return index, cache_path
+    return index, cache_path, built
 
 
 def _check_common(window, dtype, bounds):
@@ -118,7 +119,7 @@ class WindowSource:
         window, out_dtype = _check_common(window, dtype, bounds)
         core_mode = _resolve_mode(mode, auto="mmap")
         nthreads = resolve_threads(threads)
-        index, index_cache = _load_index(index_files, cache, cache_dir, nthreads)
+        index, index_cache, built = _load_index(index_files, cache, cache_dir, nthreads)
         factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
         keys = index.keys
         factor_paths = [os.path.join(factor_dir, k + ".npy") for k in keys]
@@ -126,7 +127,7 @@ class WindowSource:
         core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, _dtype_name(out_dtype), bounds, core_mode,
                                        nthreads, max_header_size)
         self._init(core, index, window, out_dtype, core_mode, nthreads)
-        self._index_cache = index_cache
+        self._index_cache, self._index_built = index_cache, built
         self._files = tuple(factor_paths + label_paths)
         self._warn_direct_fallback()
 
@@ -150,9 +151,9 @@ class WindowSource:
         nthreads = resolve_threads(threads)
         if isinstance(index, (str, bytes, os.PathLike)) or (
                 isinstance(index, Sequence) and index and isinstance(index[0], (str, bytes, os.PathLike))):
-            core_index, index_cache = _load_index(index, cache, cache_dir, nthreads)
+            core_index, index_cache, built = _load_index(index, cache, cache_dir, nthreads)
         else:
-            core_index, index_cache = _index_from_tuples(index), None
+            core_index, index_cache, built = _index_from_tuples(index), None, False
         keys = core_index.keys
         missing = [k for k in keys if k not in factors or k not in labels]
         if missing:
@@ -166,7 +167,7 @@ class WindowSource:
                                                _dtype_name(out_dtype), bounds, nthreads)
         self = cls.__new__(cls)
         self._init(core, core_index, window, out_dtype, "memory", nthreads)
-        self._index_cache = index_cache
+        self._index_cache, self._index_built = index_cache, built
         return self
 
     def _init(self, core, index, window, dtype, mode, threads):
@@ -174,6 +175,7 @@ class WindowSource:
         self._index = index
         self._files = ()
         self._index_cache = None
+        self._index_built = False  # this open compiled the index files (for tests)
         self._warned_fallbacks = 0
         self.window = window
         self.dtype = dtype
