@@ -222,10 +222,10 @@ def test_processes_opening_together_build_once(data, tmp_path):
 @pytest.mark.parametrize("cache", [True, False])
 def test_malformed_line_names_file_and_line(data, tmp_path, cache):
     root, _ = data
-    lines = [f"{f},{l},{k}" for f, l, k in entries_for(3, 50000)]  # several parse chunks
-    lines[41234] = "7,oops,a"
+    lines = [f"{f},{l},{k}" for f, l, k in entries_for(3, 250000)]  # 2 MB: several parse chunks of 1 MiB
+    lines[241234] = "7,oops,a"
     (root / "index.txt").write_text("\n".join(lines) + "\n")
-    with pytest.raises(ValueError, match=r"index\.txt:41235: label_index is not an integer \(line: '7,oops,a'\)"):
+    with pytest.raises(ValueError, match=r"index\.txt:241235: label_index is not an integer \(line: '7,oops,a'\)"):
         open_source(root, cache=cache, cache_dir=tmp_path / "cache")
     assert not cache_files(tmp_path / "cache") if (tmp_path / "cache").exists() else True
 

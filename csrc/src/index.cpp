@@ -93,6 +93,10 @@ void parse_chunk(std::string_view text, Chunk& c) {
     c.nul = true;
     return;
   }
+  const std::size_t guess = s.size() / 16;  // lines of "row,row,key" are rarely shorter
+  c.feature.reserve(guess);
+  c.label.reserve(guess);
+  c.key.reserve(guess);
   std::unordered_map<std::string_view, std::uint32_t> ids;
   std::string_view last_key;
   std::uint32_t last_id = 0;

@@ -191,21 +191,35 @@ void WindowSource::finish_open() {
   }
 
   // One pass over the index, which stays where it is (a shared mapping, usually): only dropped positions
-  // are remembered.
+  // are remembered. The common case (int32 rows inside their arrays) is a few compares per sample.
   dropped_.clear();
   skipped_ = 0;
   const std::size_t n = index_.size();
   const std::size_t nkeys = index_.keys.size();
+  std::vector<std::int64_t> key_rows(nkeys), key_label_rows(nkeys);
+  for (std::size_t k = 0; k < nkeys; ++k) {
+    key_rows[k] = factors_[k].rows();
+    key_label_rows[k] = labels_[k].rows();
+  }
+  const IndexColumns& columns = index_.columns();
+  const std::int32_t* feature_column = columns.feature.data();
+  const std::int32_t* label_column = columns.label.data();
+  const std::uint32_t* key_column = columns.key.data();
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t key = index_.key(i);
+    const std::uint32_t key = key_column[i];
     if (key >= nkeys) {
       throw InvalidArgument(index_.where(i) + ": the compiled index names key id " + std::to_string(key) + " of " +
                             std::to_string(nkeys) + " (corrupt index cache)");
     }
+    const std::int32_t f32 = feature_column[i];
+    const std::int32_t l32 = label_column[i];
+    if (f32 != SampleIndex::kWide && l32 != SampleIndex::kWide && f32 >= window_ - 1 && f32 < key_rows[key] &&
+        l32 >= 0 && l32 < key_label_rows[key])
+      continue;
     const std::int64_t feature = index_.feature(i);
     const std::int64_t label = index_.label(i);
-    const std::int64_t rows = factors_[key].rows();
-    const std::int64_t label_rows = labels_[key].rows();
+    const std::int64_t rows = key_rows[key];
+    const std::int64_t label_rows = key_label_rows[key];
     // In 128 bits: index lines may hold any int64, and feature - W + 1 must not wrap.
     const __int128 first = static_cast<__int128>(feature) - window_ + 1;
     const bool window_ok = first >= 0 && feature < rows;
