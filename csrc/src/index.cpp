@@ -68,7 +68,8 @@ struct Chunk {
   std::size_t file = 0;
   std::size_t begin = 0;  // bytes of the file's text
   std::size_t end = 0;
-  std::uint64_t lines = 0;  // lines started in the chunk
+  std::uint64_t lines = 0;       // lines started in the chunk
+  std::uint64_t first_line = 0;  // 1-based line of its first line in the file (set after the parse)
   std::vector<std::int32_t> feature, label;
   std::vector<std::uint32_t> key;
   std::vector<WideValue> wide_feature, wide_label;  // chunk-local sample ids
@@ -365,7 +366,7 @@ SampleIndex read_index_files(const std::vector<std::string>& paths, std::size_t 
         throw InvalidArgument(
             line_message(paths[f], line + c.error_line, *c.why ? std::string(c.why) : c.why_text, c.error_text));
       }
-      c.error_line = line;  // from here on: the line before the chunk's first
+      c.first_line = line + 1;
       line += c.lines;
     }
   }
@@ -411,7 +412,7 @@ SampleIndex read_index_files(const std::vector<std::string>& paths, std::size_t 
   std::sort(owned->wide_label.begin(), owned->wide_label.end(), by_sample);
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     if (chunk_begin[i + 1] == chunk_begin[i]) continue;  // no samples: no checkpoint
-    owned->checkpoints.push_back({chunk_begin[i], chunks[i].begin, chunks[i].error_line + 1, chunks[i].file});
+    owned->checkpoints.push_back({chunk_begin[i], chunks[i].begin, chunks[i].first_line, chunks[i].file});
   }
   IndexColumns columns = own(std::move(owned), n);
   SampleIndex index(std::move(keys), paths, std::move(source_begin), std::vector<bool>(paths.size(), true),
