@@ -82,3 +82,9 @@ def shm_path():
     path = Path(tempfile.mkdtemp(prefix="npyfeed-test-", dir="/dev/shm"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _private_index_cache(tmp_path_factory, monkeypatch):
+    """Every test gets its own npyfeed cache dir (compiled indexes), never the user's ``~/.cache``."""
+    monkeypatch.setenv("NPYFEED_CACHE_DIR", str(tmp_path_factory.mktemp("npyfeed-cache")))

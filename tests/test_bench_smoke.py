@@ -48,3 +48,18 @@ def test_bench_node_quick(tmp_path):
     # the index was read whole: one sample per row from row W-1 on, for every key
     assert len(result["runs"]["npyfeed"]["results"]) == 2
     assert result["runs"]["npyfeed"]["results"][0]["samples"] == 6 * (400 - 99)
+
+
+def test_bench_index_quick(tmp_path):
+    out = tmp_path / "index.json"
+    proc = run_bench("bench_index.py", tmp_path, "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    header = [line for line in proc.stdout.splitlines() if line.startswith("scenario")]
+    assert header and "RssAnon" in header[0] and "first batch" in header[0], proc.stdout
+    assert "targets (issue 8" in proc.stdout
+    records = {r["name"]: r["results"] for r in json.loads(out.read_text())["records"]}
+    # The first open compiled and wrote the cache, the second mapped the same file; every batch matched numpy.
+    compiled, cached = records["compile (empty cache)"][0], records["cached"][0]
+    assert compiled["cache"] and compiled["cache"] == cached["cache"]
+    assert all(r.get("checked", True) for results in records.values() for r in results)
+    assert not (tmp_path / "data" / "caches").exists()  # the bench removes its caches

@@ -301,7 +301,7 @@ def test_more_files_than_the_mapping_budget_are_mapped_on_demand(tmp_path, monke
     mappings, 60 files are mapped when read, at most 20 at a time, and every batch is still np.load's."""
     entries, factors, labels = _many_keys(tmp_path, 30)
     monkeypatch.setenv("NPYFEED_MAX_MAPPINGS", str(_maps_now() + 40))
-    src = open_source(tmp_path, "mmap", threads=2)
+    src = open_source(tmp_path, "mmap", threads=2, cache=False)  # (a cached index is one more mapping)
     assert src.mapping_limit == 20
     assert len(_mappings(tmp_path)) == 0  # nothing mapped at open
     order = src.epoch_order(0, shuffle=True, seed=4)
@@ -322,7 +322,7 @@ def test_more_files_than_the_mapping_budget_are_mapped_on_demand(tmp_path, monke
 def test_a_file_replaced_under_an_on_demand_mapping_is_refused(tmp_path, monkeypatch):
     entries, factors, labels = _many_keys(tmp_path, 30)
     monkeypatch.setenv("NPYFEED_MAX_MAPPINGS", str(_maps_now() + 40))
-    src = open_source(tmp_path, "mmap")
+    src = open_source(tmp_path, "mmap", cache=False)
     assert src.mapping_limit == 20
     path = tmp_path / "factor" / "k00003.npy"
     np.save(tmp_path / "new.npy", np.zeros((8, 2), np.float32))
@@ -373,7 +373,7 @@ def test_reads_fall_back_to_pread_when_no_mapping_can_be_made(tmp_path, monkeypa
 
     entries, factors, labels = _many_keys(tmp_path, 30)
     monkeypatch.setenv("NPYFEED_MAX_MAPPINGS", str(_maps_now() + 40))
-    src = open_source(tmp_path, "mmap")
+    src = open_source(tmp_path, "mmap", cache=False)
     assert src.mapping_limit == 20
     limit = int(Path("/proc/sys/vm/max_map_count").read_text())
     if limit > 200_000:

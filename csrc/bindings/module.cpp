@@ -14,6 +14,7 @@
 #include "npyfeed/epoch_order.hpp"
 #include "npyfeed/errors.hpp"
 #include "npyfeed/index.hpp"
+#include "npyfeed/index_cache.hpp"
 #include "npyfeed/loader.hpp"
 #include "npyfeed/npy_header.hpp"
 #include "npyfeed/page_cache.hpp"
@@ -497,8 +498,19 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "read_index_files",
-      [](const std::vector<std::string>& paths) { return without_gil([&] { return read_index_files(paths); }); },
-      py::arg("paths"));
+      [](const std::vector<std::string>& paths, std::size_t threads) {
+        return without_gil([&] { return read_index_files(paths, threads); });
+      },
+      py::arg("paths"), py::arg("threads") = 1);
+
+  m.def(
+      "load_index",
+      [](const std::vector<std::string>& paths, const std::string& cache_dir, std::size_t threads) {
+        IndexLoad load = without_gil([&] { return load_index(paths, cache_dir, threads); });
+        py::object cache_path = load.cache_path.empty() ? py::object(py::none()) : py::object(os_text(load.cache_path));
+        return py::make_tuple(std::move(load.index), cache_path, load.built, os_text(load.warning));
+      },
+      py::arg("paths"), py::arg("cache_dir"), py::arg("threads"));
 
   m.def(
       "index_from_columns",
@@ -514,6 +526,7 @@ PYBIND11_MODULE(_core, m) {
           index.add(feature.data()[i], label.data()[i], keys[static_cast<std::size_t>(i)], 0,
                     static_cast<std::uint64_t>(i + 1));
         }
+        index.finish();
         return index;
       },
       py::arg("feature_index"), py::arg("label_index"), py::arg("keys"), py::arg("name"));

@@ -66,7 +66,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   /// missing files (listing the first few), NpyFormatError, InvalidArgument, IndexOutOfRange.
   void finish_open();
 
-  std::size_t size() const noexcept { return samples_.size(); }
+  std::size_t size() const noexcept { return size_; }
   std::size_t skipped() const noexcept { return skipped_; }
   /// Per-sample shapes: (W, row shape...) and (label row shape...).
   std::vector<std::int64_t> x_shape() const;
@@ -76,6 +76,10 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   const WindowOptions& options() const noexcept { return options_; }
   /// For sample i (after skipping): its index file line, key, feature and label index.
   std::string describe(std::size_t sample) const;
+  /// The index this source reads (its columns may be a shared mapping).
+  const SampleIndex& index() const noexcept { return index_; }
+  /// Sample `sample` (after skipping, valid) as the gather wants it.
+  Sample sample(std::size_t sample) const;
   /// Files whose O_DIRECT reads the filesystem refused, read with buffered reads instead (so far: a refusal
   /// can also come at the first read).
   std::vector<std::string> direct_fallbacks() const;
@@ -96,6 +100,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
  private:
   void open_key(std::size_t key, const std::string& factor_path, const std::string& label_path);
   ArraySource open_file(const std::string& path, bool label) const;
+  std::uint64_t index_position(std::size_t sample) const;
 
   SampleIndex index_;
   WindowOptions options_;
@@ -103,7 +108,10 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::vector<ArraySource> factors_;
   std::vector<ArraySource> labels_;
   std::vector<std::string> open_errors_;  // per key: a missing-file message, else empty
-  std::vector<Sample> samples_;
+  // Samples are the index's, in order, less those bounds='skip' dropped: their index positions, sorted
+  // (usually few), so no per-sample memory is copied out of a shared index.
+  std::size_t size_ = 0;
+  std::vector<std::uint64_t> dropped_;
   std::size_t skipped_ = 0;
   std::uint64_t x_row_elems_ = 0;
   std::uint64_t y_row_elems_ = 0;

@@ -45,6 +45,7 @@ bool fds_fit(std::size_t wanted) { return wanted + 64 <= descriptor_budget(); }
 
 WindowSource::WindowSource(SampleIndex index, WindowOptions options)
     : index_(std::move(index)), options_(options), window_(options.window) {
+  index_.finish();
   if (window_ < 1) throw InvalidArgument("window must be at least 1, got " + std::to_string(window_));
   if (options_.out_size != 4 && options_.out_size != 8)
     throw InvalidArgument("output dtype must be float32 or float64");
@@ -189,15 +190,36 @@ void WindowSource::finish_open() {
     throw InvalidArgument("the index is empty (" + names + ")");
   }
 
-  samples_.clear();
-  samples_.reserve(index_.size());
+  // One pass over the index, which stays where it is (a shared mapping, usually): only dropped positions
+  // are remembered. The common case (int32 rows inside their arrays) is a few compares per sample.
+  dropped_.clear();
   skipped_ = 0;
-  for (std::size_t i = 0; i < index_.size(); ++i) {
-    const std::uint32_t key = index_.key_id[i];
-    const std::int64_t feature = index_.feature_index[i];
-    const std::int64_t label = index_.label_index[i];
-    const std::int64_t rows = factors_[key].rows();
-    const std::int64_t label_rows = labels_[key].rows();
+  const std::size_t n = index_.size();
+  const std::size_t nkeys = index_.keys.size();
+  std::vector<std::int64_t> key_rows(nkeys), key_label_rows(nkeys);
+  for (std::size_t k = 0; k < nkeys; ++k) {
+    key_rows[k] = factors_[k].rows();
+    key_label_rows[k] = labels_[k].rows();
+  }
+  const IndexColumns& columns = index_.columns();
+  const std::int32_t* feature_column = columns.feature.data();
+  const std::int32_t* label_column = columns.label.data();
+  const std::uint32_t* key_column = columns.key.data();
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t key = key_column[i];
+    if (key >= nkeys) {
+      throw InvalidArgument(index_.where(i) + ": the compiled index names key id " + std::to_string(key) + " of " +
+                            std::to_string(nkeys) + " (corrupt index cache)");
+    }
+    const std::int32_t f32 = feature_column[i];
+    const std::int32_t l32 = label_column[i];
+    if (f32 != SampleIndex::kWide && l32 != SampleIndex::kWide && f32 >= window_ - 1 && f32 < key_rows[key] &&
+        l32 >= 0 && l32 < key_label_rows[key])
+      continue;
+    const std::int64_t feature = index_.feature(i);
+    const std::int64_t label = index_.label(i);
+    const std::int64_t rows = key_rows[key];
+    const std::int64_t label_rows = key_label_rows[key];
     // In 128 bits: index lines may hold any int64, and feature - W + 1 must not wrap.
     const __int128 first = static_cast<__int128>(feature) - window_ + 1;
     const bool window_ok = first >= 0 && feature < rows;
@@ -205,6 +227,7 @@ void WindowSource::finish_open() {
     if (!(window_ok && label_ok)) {
       if (options_.bounds == Bounds::kSkip) {
         ++skipped_;
+        dropped_.push_back(i);
         continue;
       }
       if (options_.bounds == Bounds::kError) {
@@ -217,8 +240,9 @@ void WindowSource::finish_open() {
                               " (use bounds='skip' or bounds='pad' to accept such lines)");
       }
     }
-    samples_.push_back({feature, label, key, static_cast<std::uint32_t>(i)});
   }
+  dropped_.shrink_to_fit();
+  size_ = n - dropped_.size();
   std::size_t reads_in_flight = 1;
   for (const auto* sources : {&factors_, &labels_}) {
     for (const ArraySource& s : *sources)
@@ -241,10 +265,34 @@ std::vector<std::int64_t> WindowSource::x_shape() const {
 
 std::vector<std::int64_t> WindowSource::y_shape() const { return y_row_shape_; }
 
+// Sample p is index position p + j, where j counts the dropped positions before it: dropped_[k] has k dropped
+// before it and dropped_[k] - k kept ones, so j is the number of k with dropped_[k] - k <= p.
+std::uint64_t WindowSource::index_position(std::size_t sample) const {
+  std::size_t lo = 0, hi = dropped_.size();
+  while (lo < hi) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    if (dropped_[mid] - mid <= sample) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return sample + lo;
+}
+
+Sample WindowSource::sample(std::size_t sample) const {
+  const std::uint64_t i = index_position(sample);
+  return {index_.feature(i), index_.label(i), index_.key(i), static_cast<std::uint32_t>(i)};
+}
+
 std::string WindowSource::describe(std::size_t sample) const {
-  const Sample& s = samples_.at(sample);
-  return index_.where(s.index_pos) + ": key '" + index_.keys[s.key] + "', feature_index " + std::to_string(s.feature) +
-         ", label_index " + std::to_string(s.label);
+  if (sample >= size_) {
+    throw IndexOutOfRange("sample " + std::to_string(sample) + " out of range for " + std::to_string(size_) +
+                          " samples");
+  }
+  const std::uint64_t i = index_position(sample);
+  return index_.where(i) + ": key '" + index_.keys[index_.key(i)] + "', feature_index " +
+         std::to_string(index_.feature(i)) + ", label_index " + std::to_string(index_.label(i));
 }
 
 std::vector<std::string> WindowSource::direct_fallbacks() const {
@@ -259,8 +307,8 @@ std::vector<std::string> WindowSource::direct_fallbacks() const {
 
 void WindowSource::check_ids(const std::vector<std::int64_t>& sample_ids) const {
   for (std::int64_t id : sample_ids) {
-    if (id < 0 || static_cast<std::uint64_t>(id) >= samples_.size()) {
-      throw IndexOutOfRange("sample id " + std::to_string(id) + " out of range for " + std::to_string(samples_.size()) +
+    if (id < 0 || static_cast<std::uint64_t>(id) >= size_) {
+      throw IndexOutOfRange("sample id " + std::to_string(id) + " out of range for " + std::to_string(size_) +
                             " samples");
     }
   }
@@ -269,11 +317,17 @@ void WindowSource::check_ids(const std::vector<std::int64_t>& sample_ids) const 
 std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<std::int64_t> sample_ids, std::byte* x,
                                                 std::byte* y) {
   check_ids(sample_ids);
-  GatherInput input{&factors_, &labels_, &samples_, window_, options_.out_size, x_row_elems_, y_row_elems_};
+  // The batch's samples, looked up once: the gather reads them by batch position.
+  auto samples = std::make_shared<std::vector<Sample>>(sample_ids.size());
+  for (std::size_t b = 0; b < sample_ids.size(); ++b) {
+    (*samples)[b] = sample(static_cast<std::size_t>(sample_ids[b]));
+    sample_ids[b] = static_cast<std::int64_t>(b);
+  }
+  GatherInput input{&factors_, &labels_, samples.get(), window_, options_.out_size, x_row_elems_, y_row_elems_};
   auto gather = std::make_shared<Gather>(input, std::move(sample_ids), x, y);
   gather->hint_will_need();
   auto self = shared_from_this();  // the gather reads this source's arrays: keep them alive while it runs
-  return pool.start(gather->keys(), gather_workers_, [self, gather](std::size_t k) { gather->run_key(k); });
+  return pool.start(gather->keys(), gather_workers_, [self, samples, gather](std::size_t k) { gather->run_key(k); });
 }
 
 std::pair<WindowBatch, std::shared_ptr<Job>> WindowSource::start_batch(ThreadPool& pool,

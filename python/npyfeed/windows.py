@@ -16,6 +16,7 @@ import numpy as np
 from . import _core
 from ._threads import resolve_placement, resolve_threads
 from .loading import _fspath, _native, _resolve_mode
+from .warm import cache_dir as _default_cache_dir
 
 log = logging.getLogger("npyfeed")
 
@@ -32,6 +33,19 @@ def _index_paths(index_files) -> list:
     if not paths:
         raise ValueError("no index files given")
     return paths
+
+
+def _load_index(index_files, cache: bool, cache_dir, threads: int):
+    """The compiled index of `index_files` (through the cache unless `cache` is false), the cache file used (or
+    None) and whether this call compiled the index files."""
+    paths = [_native(p) for p in _index_paths(index_files)]
+    if not isinstance(cache, bool):
+        raise TypeError(f"cache must be True or False, got {cache!r}")
+    folder = "" if not cache else _native(_fspath(cache_dir)) if cache_dir is not None else _native(str(_default_cache_dir()))
+    index, cache_path, built, warning = _core.load_index(paths, folder, threads)
+    if warning:
+        log.warning("npyfeed: %s", warning)
+    return index, cache_path, built
 
 
 def _check_common(window, dtype, bounds):
@@ -86,6 +100,15 @@ class WindowSource:
         Niceness of those threads, -20 to 19 (lower than the process's needs privileges).
     io_priority : {"idle", "best-effort", "realtime"} or (class, level), optional
         Linux IO priority of those threads (see `npyfeed.load_many`).
+    cache : bool
+        Compile the index files once into a binary cache file (12 bytes per sample) that every later open, in
+        any process, maps read-only: the page cache then holds one copy per node, and opening takes no parse.
+        An entry is keyed by the index files' path, size, mtime and inode; a stale or corrupt one is rebuilt.
+        ``False`` parses the files into this process's memory (still 12 bytes per sample).
+    cache_dir : str or os.PathLike, optional
+        Where the cache lives: default ``$NPYFEED_CACHE_DIR``, else ``$XDG_CACHE_HOME/npyfeed``, else
+        ``~/.cache/npyfeed``. A folder that cannot be written gives a warning (``npyfeed`` logger) and the index
+        is kept in memory.
 
     Raises
     ------
@@ -104,12 +127,12 @@ class WindowSource:
 
     def __init__(self, index_files, factor_dir, label_dir, window: int, *, mode: str = "auto",
                  threads: int | None = None, dtype="float32", bounds: str = "error", max_header_size: int = 10000,
-                 cpus=None, nice: int | None = None, io_priority=None):
+                 cpus=None, nice: int | None = None, io_priority=None, cache: bool = True, cache_dir=None):
         window, out_dtype = _check_common(window, dtype, bounds)
         core_mode = _resolve_mode(mode, auto="mmap")
         placement = resolve_placement(cpus, nice, io_priority)
         nthreads = resolve_threads(threads, placement.get("cpus"))
-        index = _core.read_index_files([_native(p) for p in _index_paths(index_files)])
+        index, index_cache, built = _load_index(index_files, cache, cache_dir, nthreads)
         factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
         keys = index.keys
         factor_paths = [os.path.join(factor_dir, k + ".npy") for k in keys]
@@ -117,13 +140,14 @@ class WindowSource:
         core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, _dtype_name(out_dtype), bounds, core_mode,
                                        nthreads, max_header_size, **placement)
         self._init(core, index, window, out_dtype, core_mode, nthreads)
+        self._index_cache, self._index_built = index_cache, built
         self._files = tuple(factor_paths + label_paths)
         self._warn_direct_fallback()
 
     @classmethod
     def from_arrays(cls, index, factors: Mapping, labels: Mapping, window: int, *, threads: int | None = None,
                     dtype="float32", bounds: str = "error", cpus=None, nice: int | None = None,
-                    io_priority=None) -> WindowSource:
+                    io_priority=None, cache: bool = True, cache_dir=None) -> WindowSource:
         """Window samples over arrays already in memory, e.g. the dict from `load_factor_files`.
 
         Parameters
@@ -134,15 +158,17 @@ class WindowSource:
         window, threads, dtype, bounds, cpus, nice, io_priority
             As for `WindowSource`. There is no `mode`: the arrays are read in place, and the source's
             ``mode`` attribute says ``"memory"``.
+        cache, cache_dir
+            For index files, as for `WindowSource` (a list of tuples is never cached).
         """
         window, out_dtype = _check_common(window, dtype, bounds)
         placement = resolve_placement(cpus, nice, io_priority)
         nthreads = resolve_threads(threads, placement.get("cpus"))
         if isinstance(index, (str, bytes, os.PathLike)) or (
                 isinstance(index, Sequence) and index and isinstance(index[0], (str, bytes, os.PathLike))):
-            core_index = _core.read_index_files([_native(p) for p in _index_paths(index)])
+            core_index, index_cache, built = _load_index(index, cache, cache_dir, nthreads)
         else:
-            core_index = _index_from_tuples(index)
+            core_index, index_cache, built = _index_from_tuples(index), None, False
         keys = core_index.keys
         missing = [k for k in keys if k not in factors or k not in labels]
         if missing:
@@ -156,12 +182,15 @@ class WindowSource:
                                                _dtype_name(out_dtype), bounds, nthreads, **placement)
         self = cls.__new__(cls)
         self._init(core, core_index, window, out_dtype, "memory", nthreads)
+        self._index_cache, self._index_built = index_cache, built
         return self
 
     def _init(self, core, index, window, dtype, mode, threads):
         self._core = core
         self._index = index
         self._files = ()
+        self._index_cache = None
+        self._index_built = False  # this open compiled the index files (for tests)
         self._warned_fallbacks = 0
         self.window = window
         self.dtype = dtype
@@ -202,6 +231,12 @@ class WindowSource:
     def files(self) -> tuple:
         """The factor files, then the label files, one per key in `keys` order (empty for `from_arrays`)."""
         return self._files
+
+    @property
+    def index_cache(self) -> str | None:
+        """The compiled index cache file this source maps, or None (``cache=False``, a list index, or a cache
+        dir that could not be written)."""
+        return self._index_cache
 
     @property
     def keys(self) -> list:
