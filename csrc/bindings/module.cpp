@@ -15,6 +15,7 @@
 #include "npyfeed/index.hpp"
 #include "npyfeed/loader.hpp"
 #include "npyfeed/npy_header.hpp"
+#include "npyfeed/npz.hpp"
 #include "npyfeed/page_cache.hpp"
 #include "npyfeed/thread_pool.hpp"
 #include "npyfeed/window_source.hpp"
@@ -243,6 +244,68 @@ py::list load_many(const std::vector<std::string>& paths, const std::string& mod
   return out;
 }
 
+// A member's key as np.load names it: the name decoded as zipfile decodes it (utf-8 when flagged, else
+// cp437), without ".npy".
+py::str npz_member_key(const ZipMember& member, const std::string& archive) {
+  const std::string key = npz_key(member.name);
+  PyObject* text =
+      PyUnicode_Decode(key.data(), static_cast<Py_ssize_t>(key.size()), member.utf8_name ? "utf-8" : "cp437", "strict");
+  if (text == nullptr) {
+    PyErr_Clear();
+    throw NpyFormatError(archive, member.header_offset, member_label(member) + ": the name is not valid utf-8");
+  }
+  return py::reinterpret_steal<py::str>(text);
+}
+
+// [[(key, array), ...] per archive]: every member of every archive, read or inflated in parallel.
+py::list load_npz_many(const std::vector<std::string>& paths, const std::string& mode, std::size_t threads,
+                       std::size_t max_header_size, bool populate) {
+  LoadOptions options;
+  options.mode = parse_read_mode(mode);
+  options.threads = threads;
+  options.max_header_size = max_header_size;
+  options.populate = populate;
+  NpzLoad load(paths, options);
+  ThreadPool& pool = shared_pool();
+  wait_interruptibly(load.start_directories(pool));
+  wait_interruptibly(load.start_members(pool));
+  py::list out;
+  for (std::size_t a = 0; a < paths.size(); ++a) out.append(py::list());
+  for (const NpzLoad::Member& m : load.results()) {
+    py::object array;
+    try {
+      array = wrap_array(m.array);
+    } catch (const NpyFormatError& e) {
+      throw NpyFormatError(e.path(), e.offset(), member_label(m.entry) + ": " + e.reason());
+    }
+    out[m.archive].cast<py::list>().append(py::make_tuple(npz_member_key(m.entry, m.array.path), array));
+  }
+  return out;
+}
+
+// [(key, header dict, method, compressed size), ...] for one archive: its directory and every member's header.
+py::list read_npz_headers(const std::string& path, std::size_t max_header_size) {
+  auto [archive, headers] = without_gil([&] {
+    auto archive = NpzArchive::open(path);
+    std::vector<NpyHeader> headers;
+    for (std::size_t i = 0; i < archive->members().size(); ++i)
+      headers.push_back(archive->read_member_header(i, max_header_size));
+    return std::make_pair(archive, headers);
+  });
+  py::list out;
+  for (std::size_t i = 0; i < headers.size(); ++i) {
+    const ZipMember& m = archive->members()[i];
+    py::dict h;
+    try {
+      h = header_dict(headers[i], path, m.uncompressed_size);
+    } catch (const NpyFormatError& e) {
+      throw NpyFormatError(path, e.offset(), member_label(m) + ": " + e.reason());
+    }
+    out.append(py::make_tuple(npz_member_key(m, path), h, m.is_stored() ? "stored" : "deflated", m.compressed_size));
+  }
+  return out;
+}
+
 // Measures (and with `read`, first warms) the page-cache residency of `paths`: ([(size, resident_before,
 // resident_after) per file], bytes read).
 py::tuple warm_files(const std::vector<std::string>& paths, std::size_t threads, bool read,
@@ -461,6 +524,11 @@ PYBIND11_MODULE(_core, m) {
         py::arg("progress") = nullptr);
   m.def("load_many", &load_many, py::arg("paths"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"),
         py::arg("populate"), py::arg("progress") = nullptr);
+
+  m.def("load_npz_many", &load_npz_many, py::arg("paths"), py::arg("mode"), py::arg("threads"),
+        py::arg("max_header_size"), py::arg("populate"));
+  m.def("read_npz_headers", &read_npz_headers, py::arg("path"), py::arg("max_header_size"));
+  m.attr("have_inflate") = have_inflate();
 
   py::class_<SampleIndex>(m, "SampleIndex")
       .def("__len__", &SampleIndex::size)
