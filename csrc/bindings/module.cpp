@@ -346,7 +346,8 @@ std::vector<std::int64_t> int64_vector(const py::array_t<std::int64_t, py::array
 }
 
 WindowOptions window_options(std::int64_t window, const std::string& dtype, const std::string& bounds,
-                             const std::string& mode, std::size_t threads, std::size_t max_header_size) {
+                             const std::string& mode, std::size_t threads, std::size_t max_header_size,
+                             const std::string& npz_member = "", std::uint64_t npz_memory_limit = 0) {
   WindowOptions o;
   o.window = window;
   o.out_size = parse_out_dtype(dtype);
@@ -354,6 +355,8 @@ WindowOptions window_options(std::int64_t window, const std::string& dtype, cons
   o.mode = parse_read_mode(mode);
   o.threads = threads;
   o.max_header_size = max_header_size;
+  o.npz_member = npz_member;
+  o.npz_memory_limit = npz_memory_limit;
   return o;
 }
 
@@ -405,9 +408,10 @@ std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::v
                                                 const std::vector<std::string>& label_paths, std::int64_t window,
                                                 const std::string& dtype, const std::string& bounds,
                                                 const std::string& mode, std::size_t threads,
-                                                std::size_t max_header_size) {
-  auto source =
-      std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size));
+                                                std::size_t max_header_size, const std::string& npz_member,
+                                                std::uint64_t npz_memory_limit) {
+  auto source = std::make_shared<WindowSource>(
+      index, window_options(window, dtype, bounds, mode, threads, max_header_size, npz_member, npz_memory_limit));
   wait_interruptibly(without_gil([&] { return source->start_open(shared_pool(), factor_paths, label_paths); }));
   without_gil([&] { source->finish_open(); });
   return source;
@@ -587,7 +591,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("open_window_files", &open_window_files, py::arg("index"), py::arg("factor_paths"), py::arg("label_paths"),
         py::arg("window"), py::arg("dtype"), py::arg("bounds"), py::arg("mode"), py::arg("threads"),
-        py::arg("max_header_size"));
+        py::arg("max_header_size"), py::arg("npz_member") = "", py::arg("npz_memory_limit") = 0);
   m.def("window_source_from_arrays", &window_source_from_arrays, py::arg("index"), py::arg("factors"),
         py::arg("labels"), py::arg("window"), py::arg("dtype"), py::arg("bounds"), py::arg("threads"));
   m.def(

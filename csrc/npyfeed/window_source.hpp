@@ -4,6 +4,7 @@
 // together (shapes, dtypes, the bounds policy), and starts gathers of batches (gather.hpp).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -38,6 +39,11 @@ struct WindowOptions {
   ReadMode mode = ReadMode::kMmap;  // for files (arrays in memory are read in place)
   std::size_t threads = 1;  // gather threads, at least 1 (an O_DIRECT reader keeps more reads in flight per thread)
   std::size_t max_header_size = kDefaultMaxHeaderSize;
+  /// `.npz` sources: the member to read (empty: the archive must hold exactly one), and the most bytes that
+  /// members held in memory (inflated, or copied because misaligned or not mapped) may take in all; 0 means
+  /// half of the physical memory.
+  std::string npz_member;
+  std::uint64_t npz_memory_limit = 0;
 };
 
 /// A batch of `count` samples: x holds count * x_sample_bytes(), y count * y_sample_bytes(); owned and
@@ -92,6 +98,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
  private:
   void open_key(std::size_t key, const std::string& factor_path, const std::string& label_path);
   ArraySource open_file(const std::string& path, bool label) const;
+  std::shared_ptr<ArrayReader> open_npz(const std::string& path) const;
 
   SampleIndex index_;
   WindowOptions options_;
@@ -106,7 +113,8 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::vector<std::int64_t> x_row_shape_;
   std::vector<std::int64_t> y_row_shape_;
   bool keep_fds_ = true;
-  std::size_t reads_in_flight_ = 1;  // per gather thread: the most any reader asks for
+  mutable std::atomic<std::uint64_t> npz_memory_{0};  // bytes of .npz members held in memory
+  std::size_t reads_in_flight_ = 1;                   // per gather thread: the most any reader asks for
 };
 
 }  // namespace npyfeed

@@ -58,7 +58,8 @@ class WindowSource:
         Text files of ``feature_index,label_index,key`` lines (blank lines and spaces are tolerated).
     factor_dir, label_dir : str or os.PathLike
         Key ``k`` reads ``<factor_dir>/<k>.npy`` (shape ``(T, F...)``) and ``<label_dir>/<k>.npy``
-        (shape ``(T_label, L...)``).
+        (shape ``(T_label, L...)``), or, where there is no such file, ``<k>.npz`` beside it: an archive holding
+        one array, or the member named by `member`.
     window : int
         Rows per sample, W.
     mode : {"auto", "mmap", "read", "direct"}
@@ -77,6 +78,13 @@ class WindowSource:
         the missing rows as zeros.
     max_header_size : int
         Largest `.npy` header accepted.
+    member : str, optional
+        For `.npz` sources: the member to read (default: the archive must hold exactly one array).
+    npz_memory_limit : int, optional
+        `.npz` members are inflated (deflated members) or copied (stored members not viewed in place:
+        misaligned, or ``mode`` other than ``"mmap"``) once, at construction, and held in memory for the
+        source's life. This caps their total size in bytes (default: half the physical memory); going over
+        raises ``ValueError`` naming the file.
 
     Raises
     ------
@@ -91,7 +99,8 @@ class WindowSource:
     """
 
     def __init__(self, index_files, factor_dir, label_dir, window: int, *, mode: str = "auto",
-                 threads: int | None = None, dtype="float32", bounds: str = "error", max_header_size: int = 10000):
+                 threads: int | None = None, dtype="float32", bounds: str = "error", max_header_size: int = 10000,
+                 member: str | None = None, npz_memory_limit: int | None = None):
         window, out_dtype = _check_common(window, dtype, bounds)
         core_mode = _resolve_mode(mode, auto="mmap")
         nthreads = resolve_threads(threads)
@@ -101,7 +110,7 @@ class WindowSource:
         factor_paths = [os.path.join(factor_dir, k + ".npy") for k in keys]
         label_paths = [os.path.join(label_dir, k + ".npy") for k in keys]
         core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, _dtype_name(out_dtype), bounds, core_mode,
-                                       nthreads, max_header_size)
+                                       nthreads, max_header_size, member or "", npz_memory_limit or 0)
         self._init(core, index, window, out_dtype, core_mode, nthreads)
         self._files = tuple(factor_paths + label_paths)
         self._warn_direct_fallback()
