@@ -147,6 +147,11 @@ bool have_inflate() noexcept {
 std::string member_label(const ZipMember& member) { return "member '" + member.name + "'"; }
 
 std::vector<ZipMember> read_zip_directory(const ReadAt& read_at, std::uint64_t size) {
+  // np.load takes a file for an archive only when it starts with a local header or (empty) end record.
+  std::byte magic[4] = {};
+  const std::uint32_t start = read_at(magic, 4, 0) == 4 ? le32(magic) : 0;
+  if (start != kLocalSignature && start != kEndSignature)
+    fail(0, "the file does not start with a zip signature (PK\\x03\\x04), as np.load requires");
   const EndRecord end = read_end_record(read_at, size);
   // Bytes prepended to the archive (a self-extractor's stub) shift every offset: Python's zipfile allows them.
   const std::uint64_t directory_at = end.directory_end - end.directory_size;

@@ -145,8 +145,10 @@ def _cases() -> list:
         needs_zlib=True)
     add("zip64_central_fields", ACCEPT, zip_bytes([Member("a.npy", A_NPY, zip64_central=True)]))
     add("zip64_end_record", ACCEPT, zip_bytes([Member("a.npy", A_NPY)], zip64_end=True))
-    add("prepended_stub", ACCEPT, zip_bytes([Member("a.npy", A_NPY)], prefix=b"#!/bin/sh\nexit 0\n" * 3))
-    add("archive_comment", ACCEPT, zip_bytes([Member("a.npy", A_NPY)], comment=b"PK\x05\x06 a comment"))
+    # np.load takes a file for a zip only when it starts with a zip signature: so does npyfeed.
+    add("prepended_stub", NPYFORMAT, zip_bytes([Member("a.npy", A_NPY)], prefix=b"#!/bin/sh\nexit 0\n" * 3),
+        says="does not start with a zip")
+    add("archive_comment", ACCEPT, zip_bytes([Member("a.npy", A_NPY)], comment=b"a comment"))
     # Names are only keys, never paths (zip-slip): numpy and npyfeed both return them as keys.
     add("zip_slip_name", ACCEPT, zip_bytes([Member("../../etc/evil.npy", A_NPY)]))
     add("absolute_name", ACCEPT, zip_bytes([Member("/tmp/evil.npy", A_NPY)]))
@@ -157,7 +159,8 @@ def _cases() -> list:
     good = zip_bytes([Member("a.npy", A_NPY), Member("b.npy", A_NPY)])
     add("truncated_central_directory", NPYFORMAT, good[:-30], says="end of central directory")
     add("truncated_in_data", NPYFORMAT, good[:200], says="end of central directory")
-    add("directory_entries_missing", NPYFORMAT, zip_bytes([Member("a.npy", A_NPY)], entries=2), says="truncated")
+    add("directory_entries_missing", NPYFORMAT, zip_bytes([Member("a.npy", A_NPY)], entries=2), says="truncated",
+        differs="zipfile reads entries while directory bytes last; npyfeed checks the end record's entry count")
     add("directory_offset_past_end", NPYFORMAT, zip_bytes([Member("a.npy", A_NPY)], cd_offset_delta=10**6),
         says="truncated")
     add("not_a_zip", NPYFORMAT, b"PK\x03\x04" + b"\0" * 100, says="end of central directory")
@@ -182,7 +185,8 @@ def _cases() -> list:
         says="'a.npy'", needs_zlib=True)
     add("deflated_shorter_than_announced", NPYFORMAT,
         zip_bytes([Member("a.npy", A_NPY, deflate=True, usize=len(A_NPY) + 64, zip64_local=False)]),
-        says="'a.npy'", needs_zlib=True)
+        says="'a.npy'", needs_zlib=True, differs="np.load reads only the bytes the header needs; npyfeed inflates "
+                                              "every member to its announced size and checks its CRC-32")
 
     # ---- refused by npyfeed; Python's zipfile may read them (see `differs`) -------------------------------
     big = np.zeros(1 << 20, dtype=np.uint8)
