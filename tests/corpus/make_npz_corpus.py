@@ -244,7 +244,8 @@ def write_all(directory: Path) -> dict:
 def numpy_outcome(path) -> str:
     """What ``dict(np.load(path, allow_pickle=False))`` does: "accept" or the exception type's name."""
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        # An open file, closed here: np.load leaves the file it opened itself open when zipfile refuses it.
+        with open(path, "rb") as f, np.load(f, allow_pickle=False) as archive:
             for key in archive.files:
                 archive[key]
         return ACCEPT
