@@ -50,7 +50,7 @@ def write_dataset(root: Path, files: int, rows: int, cols: int, random: bool) ->
     if done.exists():
         return paths
     rng = np.random.default_rng(12)
-    for name, (_, save) in FORMATS.items():
+    for name in FORMATS:
         (base / name.replace(" ", "_")).mkdir(parents=True, exist_ok=True)
     for i in range(files):
         a = factors(rng, rows, cols, random)

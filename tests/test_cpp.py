@@ -58,6 +58,20 @@ def test_cpp_unit_tests(name, tmp_path_factory):
     assert "100% tests passed" in proc.stdout, proc.stdout
 
 
+def test_cpp_without_zlib(tmp_path):
+    """-DNPYFEED_WITH_ZLIB=OFF (what a machine without zlib's headers gets): the core still builds, with a CMake
+    warning, and a deflated .npz member raises a clear NpyFormatError (test_zip_archive checks the message)."""
+    cmake = _require("cmake")
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    proc = _run([cmake, "-S", ROOT, "-B", tmp_path, *generator, "-DNPYFEED_BUILD_PYTHON=OFF", "-DNPYFEED_BUILD_TESTS=ON",
+                 "-DNPYFEED_WITH_ZLIB=OFF"])
+    assert "building without zlib" in proc.stderr
+    _run([cmake, "--build", tmp_path, "-j2", "--target", "test_zip_archive"])
+    assert "NPYFEED_HAVE_ZLIB" not in (tmp_path / "build.ninja").read_text() if generator else True
+    out = _run([tmp_path / "tests" / "cpp" / "test_zip_archive", "zlib"])
+    assert "1 passed, 0 failed" in out.stdout + out.stderr
+
+
 def _has_libfuzzer(clang: str, tmp_path: Path) -> bool:
     probe = tmp_path / "probe.cpp"
     probe.write_text('extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n')
