@@ -1,4 +1,4 @@
-"""The C++ tests (tests/cpp) and the header fuzzer (tests/fuzz), built with CMake and run from pytest.
+"""The C++ tests (tests/cpp) and the fuzzers (tests/fuzz: the header parser, the .npz zip container), built with CMake and run from pytest.
 
 Each build is the core and its C++ tests without Python (NPYFEED_BUILD_PYTHON=OFF), in its own temporary
 directory, with Ninja and two jobs: plain, ASan+UBSan and TSan (g++), then ctest. The fuzz test builds the
@@ -81,6 +81,15 @@ def _has_libfuzzer(clang: str, tmp_path: Path) -> bool:
 
 
 def test_fuzz_header_parser(tmp_path):
+    _fuzz(tmp_path, "fuzz_npy_header")
+
+
+def test_fuzz_zip_archive(tmp_path):
+    """The .npz container (zip directory, inflate, CRC), seeded with the hostile archive corpus."""
+    _fuzz(tmp_path, "fuzz_zip_archive")
+
+
+def _fuzz(tmp_path, target: str) -> None:
     clang = shutil.which("clang++")
     if clang is None:
         pytest.skip("clang++ not installed (Debian: apt-get install clang libclang-rt-14-dev)")
@@ -88,7 +97,9 @@ def test_fuzz_header_parser(tmp_path):
         pytest.skip("clang++ cannot link -fsanitize=fuzzer: libFuzzer's runtime is missing (Debian: libclang-rt-14-dev)")
     _require("cmake")
     env = dict(os.environ, CXX=clang, NPYFEED_FUZZ_BUILD=str(tmp_path / "build"), NPYFEED_FUZZ_JOBS="2")
-    proc = _run(["bash", ROOT / "tests" / "fuzz" / "run_fuzz.sh", str(FUZZ_SECONDS)], env=env)
+    # run_fuzz.sh runs `python3` for the seeds: this interpreter's directory first, so it finds numpy.
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    proc = _run(["bash", ROOT / "tests" / "fuzz" / "run_fuzz.sh", str(FUZZ_SECONDS), target], env=env)
     summary = [line for line in proc.stdout.splitlines() if line.startswith("fuzz:")]
     assert summary and "findings 0" in summary[-1], proc.stdout
     print("\n".join(summary))

@@ -45,7 +45,8 @@ std::uint64_t le64(const std::byte* p) {
 std::vector<std::byte> read_exactly(const ReadAt& read_at, std::uint64_t offset, std::size_t length,
                                     const std::string& what) {
   std::vector<std::byte> out(length);
-  if (read_at(out.data(), length, offset) != length) fail(offset, what + " is cut off by the end of the file");
+  if (length > 0 && read_at(out.data(), length, offset) != length)
+    fail(offset, what + " is cut off by the end of the file");
   return out;
 }
 

@@ -159,7 +159,7 @@ Bytes zip_of(const std::vector<Entry>& entries, std::uint64_t second_at = 0) {
 
 ReadAt reader_of(const Bytes& bytes) {
   return [&bytes](std::byte* dest, std::size_t length, std::uint64_t offset) -> std::size_t {
-    if (offset >= bytes.size()) return 0;
+    if (offset >= bytes.size() || length == 0) return 0;
     const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(length, bytes.size() - offset));
     std::memcpy(dest, bytes.data() + offset, n);
     return n;
