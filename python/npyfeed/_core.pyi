@@ -19,6 +19,12 @@ def load_many(
     populate: bool,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[tuple[np.ndarray, bool]]: ...
+def load_npz_many(
+    paths: Sequence[str], mode: str, threads: int, max_header_size: int, populate: bool
+) -> list[list[tuple[str, np.ndarray]]]: ...
+def read_npz_headers(path: str, max_header_size: int) -> list[tuple[str, dict, str, int]]: ...
+
+have_inflate: bool
 
 class SampleIndex:
     def __len__(self) -> int: ...
@@ -59,6 +65,8 @@ def open_window_files(
     mode: str,
     threads: int,
     max_header_size: int,
+    npz_member: str = "",
+    npz_memory_limit: int = 0,
 ) -> WindowSourceCore: ...
 def window_source_from_arrays(
     index: SampleIndex,
