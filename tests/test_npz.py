@@ -245,6 +245,7 @@ def test_window_source_reads_npz_like_npy(writer, mode, tmp_path):
     ref = npyfeed.WindowSource(index, tmp_path / "f_npy", tmp_path / "l_npy", window=5, mode=mode)
     src = npyfeed.WindowSource(index, tmp_path / "f_npz", tmp_path / "l_npz", window=5, mode=mode)
     ids = np.arange(len(ref))
+    assert all(f.endswith(".npz") for f in src.files) and len(src.files) == 4
     for got, want in zip(src.get(ids), ref.get(ids)):
         np.testing.assert_array_equal(got, want)
     assert np.abs(ref.get(ids)[0]).sum() > 0

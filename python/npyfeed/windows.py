@@ -112,7 +112,8 @@ class WindowSource:
         core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, _dtype_name(out_dtype), bounds, core_mode,
                                        nthreads, max_header_size, member or "", npz_memory_limit or 0)
         self._init(core, index, window, out_dtype, core_mode, nthreads)
-        self._files = tuple(factor_paths + label_paths)
+        # The files read: `<k>.npz` where the source fell back to it (one stat each, after a successful open).
+        self._files = tuple(p if os.path.exists(p) else p[:-4] + ".npz" for p in factor_paths + label_paths)
         self._warn_direct_fallback()
 
     @classmethod
