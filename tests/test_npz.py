@@ -182,7 +182,7 @@ def test_other_python_threads_run_while_archives_inflate(tmp_path):
     paths = []
     for i in range(4):
         paths.append(tmp_path / f"f{i}.npz")
-        np.savez_compressed(paths[-1], **{f"m{j}": rng.integers(0, 50, (1000, 256)).astype(np.float32)
+        np.savez_compressed(paths[-1], **{f"m{j}": rng.integers(0, 50, (3000, 256)).astype(np.float32)
                                           for j in range(4)})
     npyfeed.load_many(paths[:1])  # warm-up
     counter = 0
