@@ -63,3 +63,17 @@ def test_bench_index_quick(tmp_path):
     assert compiled["cache"] and compiled["cache"] == cached["cache"]
     assert all(r.get("checked", True) for results in records.values() for r in results)
     assert not (tmp_path / "data" / "caches").exists()  # the bench removes its caches
+
+
+def test_bench_npz_quick(tmp_path):
+    out = tmp_path / "npz.json"
+    proc = run_bench("bench_npz.py", tmp_path, "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "MB on disk" in proc.stdout and "x np.load npy" in proc.stdout, proc.stdout
+    result = json.loads(out.read_text())
+    seen = {(r["format"], r["loader"], r["cache"]) for r in result["results"]}
+    for fmt in ("npy", "npz stored", "npz deflated"):
+        for cache in ("warm", "cold"):
+            assert {(fmt, "np.load loop", cache), (fmt, "npyfeed read", cache)} <= seen
+    disk = {r["format"]: r["disk_bytes"] for r in result["results"]}
+    assert disk["npz deflated"] < disk["npy"]  # the generated factors do compress

@@ -17,6 +17,7 @@
 #include "npyfeed/index_cache.hpp"
 #include "npyfeed/loader.hpp"
 #include "npyfeed/npy_header.hpp"
+#include "npyfeed/npz.hpp"
 #include "npyfeed/page_cache.hpp"
 #include "npyfeed/thread_pool.hpp"
 #include "npyfeed/window_source.hpp"
@@ -258,6 +259,68 @@ py::list load_many(const std::vector<std::string>& paths, const std::string& mod
   return out;
 }
 
+// A member's key as np.load names it: the name decoded as zipfile decodes it (utf-8 when flagged, else
+// cp437), without ".npy".
+py::str npz_member_key(const ZipMember& member, const std::string& archive) {
+  const std::string key = npz_key(member.name);
+  PyObject* text =
+      PyUnicode_Decode(key.data(), static_cast<Py_ssize_t>(key.size()), member.utf8_name ? "utf-8" : "cp437", "strict");
+  if (text == nullptr) {
+    PyErr_Clear();
+    throw NpyFormatError(archive, member.header_offset, member_label(member) + ": the name is not valid utf-8");
+  }
+  return py::reinterpret_steal<py::str>(text);
+}
+
+// [[(key, array), ...] per archive]: every member of every archive, read or inflated in parallel.
+py::list load_npz_many(const std::vector<std::string>& paths, const std::string& mode, std::size_t threads,
+                       std::size_t max_header_size, bool populate) {
+  LoadOptions options;
+  options.mode = parse_read_mode(mode);
+  options.threads = threads;
+  options.max_header_size = max_header_size;
+  options.populate = populate;
+  NpzLoad load(paths, options);
+  ThreadPool& pool = shared_pool();
+  wait_interruptibly(load.start_directories(pool));
+  wait_interruptibly(load.start_members(pool));
+  py::list out;
+  for (std::size_t a = 0; a < paths.size(); ++a) out.append(py::list());
+  for (const NpzLoad::Member& m : load.results()) {
+    py::object array;
+    try {
+      array = wrap_array(m.array);
+    } catch (const NpyFormatError& e) {
+      throw NpyFormatError(e.path(), e.offset(), member_label(m.entry) + ": " + e.reason());
+    }
+    out[m.archive].cast<py::list>().append(py::make_tuple(npz_member_key(m.entry, m.array.path), array));
+  }
+  return out;
+}
+
+// [(key, header dict, method, compressed size), ...] for one archive: its directory and every member's header.
+py::list read_npz_headers(const std::string& path, std::size_t max_header_size) {
+  auto [archive, headers] = without_gil([&] {
+    auto archive = NpzArchive::open(path);
+    std::vector<NpyHeader> headers;
+    for (std::size_t i = 0; i < archive->members().size(); ++i)
+      headers.push_back(archive->read_member_header(i, max_header_size));
+    return std::make_pair(archive, headers);
+  });
+  py::list out;
+  for (std::size_t i = 0; i < headers.size(); ++i) {
+    const ZipMember& m = archive->members()[i];
+    py::dict h;
+    try {
+      h = header_dict(headers[i], path, m.uncompressed_size);
+    } catch (const NpyFormatError& e) {
+      throw NpyFormatError(path, e.offset(), member_label(m) + ": " + e.reason());
+    }
+    out.append(py::make_tuple(npz_member_key(m, path), h, m.is_stored() ? "stored" : "deflated", m.compressed_size));
+  }
+  return out;
+}
+
 // Measures (and with `read`, first warms) the page-cache residency of `paths`: ([(size, resident_before,
 // resident_after) per file], bytes read).
 py::tuple warm_files(const std::vector<std::string>& paths, std::size_t threads, bool read,
@@ -299,7 +362,8 @@ std::vector<std::int64_t> int64_vector(const py::array_t<std::int64_t, py::array
 
 WindowOptions window_options(std::int64_t window, const std::string& dtype, const std::string& bounds,
                              const std::string& mode, std::size_t threads, std::size_t max_header_size,
-                             const Placement& placement) {
+                             const Placement& placement, const std::string& npz_member = "",
+                             std::uint64_t npz_memory_limit = 0) {
   WindowOptions o;
   o.window = window;
   o.out_size = parse_out_dtype(dtype);
@@ -308,6 +372,8 @@ WindowOptions window_options(std::int64_t window, const std::string& dtype, cons
   o.threads = threads;
   o.max_header_size = max_header_size;
   o.placement = placement;
+  o.npz_member = npz_member;
+  o.npz_memory_limit = npz_memory_limit;
   return o;
 }
 
@@ -359,9 +425,11 @@ std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::v
                                                 const std::vector<std::string>& label_paths, std::int64_t window,
                                                 const std::string& dtype, const std::string& bounds,
                                                 const std::string& mode, std::size_t threads,
-                                                std::size_t max_header_size, const Placement& placement) {
+                                                std::size_t max_header_size, const Placement& placement,
+                                                const std::string& npz_member, std::uint64_t npz_memory_limit) {
   auto source = std::make_shared<WindowSource>(
-      index, window_options(window, dtype, bounds, mode, threads, max_header_size, placement));
+      index,
+      window_options(window, dtype, bounds, mode, threads, max_header_size, placement, npz_member, npz_memory_limit));
   wait_interruptibly(without_gil([&] {
     return source->start_open(shared_pool(0, placement), factor_paths, label_paths);  // checks the placement first
   }));
@@ -492,6 +560,11 @@ PYBIND11_MODULE(_core, m) {
       py::arg("progress") = nullptr, py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(),
       py::arg("io_priority") = py::none());
 
+  m.def("load_npz_many", &load_npz_many, py::arg("paths"), py::arg("mode"), py::arg("threads"),
+        py::arg("max_header_size"), py::arg("populate"));
+  m.def("read_npz_headers", &read_npz_headers, py::arg("path"), py::arg("max_header_size"));
+  m.attr("have_inflate") = have_inflate();
+
   py::class_<SampleIndex>(m, "SampleIndex")
       .def("__len__", &SampleIndex::size)
       .def_property_readonly("keys", [](const SampleIndex& i) { return i.keys; });
@@ -581,13 +654,15 @@ PYBIND11_MODULE(_core, m) {
       [](SampleIndex& index, const std::vector<std::string>& factor_paths, const std::vector<std::string>& label_paths,
          std::int64_t window, const std::string& dtype, const std::string& bounds, const std::string& mode,
          std::size_t threads, std::size_t max_header_size, const std::vector<int>& cpus, std::optional<int> nice,
-         std::optional<std::pair<int, int>> io_priority) {
+         std::optional<std::pair<int, int>> io_priority, const std::string& npz_member,
+         std::uint64_t npz_memory_limit) {
         return open_window_files(index, factor_paths, label_paths, window, dtype, bounds, mode, threads,
-                                 max_header_size, placement_of(cpus, nice, io_priority));
+                                 max_header_size, placement_of(cpus, nice, io_priority), npz_member, npz_memory_limit);
       },
       py::arg("index"), py::arg("factor_paths"), py::arg("label_paths"), py::arg("window"), py::arg("dtype"),
       py::arg("bounds"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"),
-      py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(), py::arg("io_priority") = py::none());
+      py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(), py::arg("io_priority") = py::none(),
+      py::arg("npz_member") = "", py::arg("npz_memory_limit") = 0);
   m.def(
       "window_source_from_arrays",
       [](SampleIndex& index, const std::vector<py::array>& factors, const std::vector<py::array>& labels,

@@ -4,6 +4,7 @@
 // together (shapes, dtypes, the bounds policy), and starts gathers of batches (gather.hpp).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,6 +40,11 @@ struct WindowOptions {
   std::size_t threads = 1;  // gather threads, at least 1 (an O_DIRECT reader keeps more reads in flight per thread)
   std::size_t max_header_size = kDefaultMaxHeaderSize;
   Placement placement;  // of the pool threads that open and gather (shared_pool(0, placement))
+  /// `.npz` sources: the member to read (empty: the archive must hold exactly one), and the most bytes that
+  /// members held in memory (inflated, or copied because misaligned or not mapped) may take in all; 0 means
+  /// half of the physical memory.
+  std::string npz_member;
+  std::uint64_t npz_memory_limit = 0;
 };
 
 /// A batch of `count` samples: x holds count * x_sample_bytes(), y count * y_sample_bytes(); owned and
@@ -101,6 +107,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   void open_key(std::size_t key, const std::string& factor_path, const std::string& label_path);
   ArraySource open_file(const std::string& path, bool label) const;
   std::uint64_t index_position(std::size_t sample) const;
+  std::shared_ptr<ArrayReader> open_npz(const std::string& path) const;
 
   SampleIndex index_;
   WindowOptions options_;
@@ -120,6 +127,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   bool keep_fds_ = true;
   std::shared_ptr<MappingCache> mappings_;  // mmap with more files than the mapping budget, else null
   std::size_t gather_workers_ = 1;  // threads x the reads in flight any reader asks for, within the descriptor budget
+  mutable std::atomic<std::uint64_t> npz_memory_{0};  // bytes of .npz members held in memory
 };
 
 }  // namespace npyfeed

@@ -1,10 +1,13 @@
 #include "npyfeed/window_source.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 
 #include "npyfeed/detail/convert.hpp"
 #include "npyfeed/errors.hpp"
+#include "npyfeed/npz.hpp"
 
 namespace npyfeed {
 
@@ -63,6 +66,35 @@ WindowSource::WindowSource(SampleIndex index, WindowOptions options)
   }
 }
 
+std::shared_ptr<ArrayReader> WindowSource::open_npz(const std::string& path) const {
+  auto archive = NpzArchive::open(path);
+  std::size_t member = 0;
+  if (!options_.npz_member.empty()) {
+    member = archive->find(options_.npz_member);
+  } else if (archive->members().size() != 1) {
+    throw InvalidArgument(path + ": the archive holds " + std::to_string(archive->members().size()) +
+                          " arrays; name the one to read (member=)");
+  }
+  bool view = false;
+  auto reader = archive->open_member(member, options_.mode, options_.max_header_size, &view);
+  if (!view) {
+    // Inflated (or copied) once per open and held for the source's life: bounded, so that a data set of
+    // compressed archives cannot silently take more memory than the machine has.
+    std::uint64_t limit = options_.npz_memory_limit;
+    if (limit == 0) {
+      limit = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+              static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) / 2;
+    }
+    const std::uint64_t total = npz_memory_.fetch_add(reader->header().nbytes) + reader->header().nbytes;
+    if (total > limit) {
+      throw InvalidArgument(path + ": .npz members held in memory would take " + std::to_string(total) +
+                            " bytes, over the limit of " + std::to_string(limit) +
+                            " (npz_memory_limit; stored members in mode 'mmap' are mapped, not held)");
+    }
+  }
+  return reader;
+}
+
 ArraySource WindowSource::open_file(const std::string& path, bool label) const {
   ReaderOptions reader_options;
   reader_options.mode = options_.mode;
@@ -70,7 +102,8 @@ ArraySource WindowSource::open_file(const std::string& path, bool label) const {
   reader_options.keep_open = keep_fds_;
   reader_options.mappings = mappings_;
   reader_options.read_whole_up_to = label ? kReadWholeLabelBytes : 0;
-  ArraySource source{ArrayReader::open(path, reader_options)};
+  const bool npz = path.size() >= 4 && path.compare(path.size() - 4, 4, ".npz") == 0;
+  ArraySource source{npz ? open_npz(path) : ArrayReader::open(path, reader_options)};
   const NpyHeader& h = source.header();
   if (!detail::convertible(h.scalar)) {
     throw InvalidArgument(path + ": dtype '" + (h.descr_text.empty() ? std::string("structured") : h.descr_text) +
@@ -85,13 +118,24 @@ ArraySource WindowSource::open_file(const std::string& path, bool label) const {
 
 void WindowSource::open_key(std::size_t key, const std::string& factor_path, const std::string& label_path) {
   std::string missing;
+  // `<key>.npy`, else `<key>.npz` beside it.
   auto open_one = [&](const std::string& path, ArraySource& into, bool label) {
     try {
       into = open_file(path, label);
+      return;
     } catch (const OsError& e) {
       if (e.error_number() != ENOENT) throw;
-      missing += (missing.empty() ? "" : ", ") + path;
     }
+    const bool npy = path.size() >= 4 && path.compare(path.size() - 4, 4, ".npy") == 0;
+    try {
+      if (npy) {
+        into = open_file(path.substr(0, path.size() - 4) + ".npz", label);
+        return;
+      }
+    } catch (const OsError& e) {
+      if (e.error_number() != ENOENT) throw;
+    }
+    missing += (missing.empty() ? "" : ", ") + path + (npy ? " (or .npz)" : "");
   };
   open_one(factor_path, factors_[key], false);
   open_one(label_path, labels_[key], true);

@@ -22,6 +22,12 @@ def load_many(
     nice: int | None = None,
     io_priority: tuple[int, int] | None = None,
 ) -> list[tuple[np.ndarray, bool]]: ...
+def load_npz_many(
+    paths: Sequence[str], mode: str, threads: int, max_header_size: int, populate: bool
+) -> list[list[tuple[str, np.ndarray]]]: ...
+def read_npz_headers(path: str, max_header_size: int) -> list[tuple[str, dict, str, int]]: ...
+
+have_inflate: bool
 
 class SampleIndex:
     def __len__(self) -> int: ...
@@ -68,6 +74,8 @@ def open_window_files(
     cpus: Sequence[int] = ...,
     nice: int | None = None,
     io_priority: tuple[int, int] | None = None,
+    npz_member: str = "",
+    npz_memory_limit: int = 0,
 ) -> WindowSourceCore: ...
 def window_source_from_arrays(
     index: SampleIndex,

@@ -1,7 +1,7 @@
 """The ``npyfeed`` command.
 
-``npyfeed scan PATH...`` checks every ``.npy`` file of a data set (header, dtype, size; with ``--data`` every
-byte) in parallel, before a multi-day job finds a bad one. Exit status: 0 when every file is good, 1 when any
+``npyfeed scan PATH...`` checks every ``.npy`` file and ``.npz`` archive of a data set (header, dtype, size; for
+archives the zip directory and every member's header; with ``--data`` every byte, and every member's CRC-32) in parallel, before a multi-day job finds a bad one. Exit status: 0 when every file is good, 1 when any
 is bad (or none was found), 2 for a usage error, 130 when interrupted.
 
 ``npyfeed warm PATH...`` brings a data set into the page cache once per node (``npyfeed.warm``) and prints its
@@ -93,8 +93,8 @@ def _positive_int(text: str) -> int:
 
 def _add_scan_parser(sub) -> None:
     p = sub.add_parser(
-        "scan", help="check every .npy file under the given paths",
-        description="Check every .npy file under the given files and directories (recursively; symbolic links "
+        "scan", help="check every .npy file and .npz archive under the given paths",
+        description="Check every .npy file and .npz archive under the given files and directories (recursively; symbolic links "
                     "to directories are not followed): magic, version, header, dtype (object arrays are bad), "
                     "and that the file holds all the data its header promises. Files given by name are checked "
                     "whatever their extension.",
@@ -174,7 +174,7 @@ def _describe(error: BaseException) -> str:
 
 
 def find_npy_files(paths, report: _Report) -> list:
-    """Every ``*.npy`` file under `paths` (files given by name count whatever their name), sorted per
+    """Every ``*.npy`` and ``*.npz`` file under `paths` (files given by name count whatever their name), sorted per
     directory, without duplicates. Paths that do not exist and unreadable directories go to `report.bad`."""
     found, seen = [], set()
 
@@ -193,7 +193,7 @@ def find_npy_files(paths, report: _Report) -> list:
             for root, dirs, names in os.walk(path, onerror=on_error):
                 dirs.sort()
                 for name in sorted(names):
-                    if name.endswith(".npy"):
+                    if name.endswith((".npy", ".npz")):
                         add(os.path.join(root, name))
         elif os.path.lexists(path):
             add(path)  # a file, a FIFO, a dangling link...: read_header says what is wrong with it
@@ -213,14 +213,39 @@ def _progress(total: int, unit: str, desc: str, quiet: bool):
                 leave=False)
 
 
+def _archive_header(path: str, max_header_size: int):
+    """One Header summing up an archive: its directory and every member's header checked (none of its data read).
+    dtype and shape are the member's for a one-array archive; else the dtype is a struct of the members' dtypes
+    (one dtype when they all share it) and the shape a tuple of their shapes."""
+    import numpy as np
+
+    from . import Header, _core
+
+    members = _core.read_npz_headers(os.fsencode(path), max_header_size)
+    dtypes = [h["dtype"] for _, h, *_ in members]
+    shapes = tuple(h["shape"] for _, h, *_ in members)
+    if len(set(dtypes)) == 1:
+        dtype = dtypes[0]
+    else:
+        dtype = np.dtype([(key, h["dtype"]) for key, h, *_ in members])
+    return Header(shape=shapes[0] if len(shapes) == 1 else shapes, dtype=dtype, fortran_order=False,
+                  version=(0, 0), data_offset=0, nbytes=sum(h["nbytes"] for _, h, *_ in members),
+                  file_size=os.path.getsize(path))
+
+
 def _check_headers(report: _Report, files: list, threads: int, max_header_size: int, quiet: bool) -> None:
     from . import read_header
+
+    def check(path):
+        if path.endswith(".npz"):
+            return _archive_header(path, max_header_size)
+        return read_header(path, max_header_size=max_header_size)
 
     bar = _progress(len(files), "file", "headers", quiet)
     executor = ThreadPoolExecutor(max_workers=threads)
     try:
         # read_header releases the GIL for its IO and parsing, so these run in parallel.
-        futures = {executor.submit(read_header, path, max_header_size=max_header_size): path for path in files}
+        futures = {executor.submit(check, path): path for path in files}
         for future in as_completed(futures):
             path = futures[future]
             try:
@@ -326,7 +351,8 @@ def _print_counts(title: str, counts: Counter, limit: int = 10) -> None:
 def _print_summary(report: _Report, data: bool, quiet: bool) -> None:
     ok = [p for p in report.files if p in report.headers]
     what = "headers, dtypes, sizes and data" if data else "headers, dtypes and sizes"
-    print(f"Checked {_plural(len(report.files), '.npy file')} ({what}): {len(ok)} ok, {len(report.bad)} bad")
+    word = ".npy/.npz file" if any(os.fspath(p).endswith(".npz") for p in report.files) else ".npy file"
+    print(f"Checked {_plural(len(report.files), word)} ({what}): {len(ok)} ok, {len(report.bad)} bad")
     if ok:
         headers = [report.headers[p] for p in ok]
         print(f"Array data in the good files: {_human_bytes(sum(h.nbytes for h in headers))} "
@@ -335,7 +361,7 @@ def _print_summary(report: _Report, data: bool, quiet: bool) -> None:
             _print_counts("dtypes:", Counter(_dtype_label(h.dtype) for h in headers))
             _print_counts("shapes (most common first):", Counter(str(h.shape) for h in headers))
             longer = [p for p in ok if report.headers[p].file_size > report.headers[p].data_offset
-                      + report.headers[p].nbytes]
+                      + report.headers[p].nbytes and not os.fspath(p).endswith(".npz")]
             if longer:
                 print(f"Note: {_plural(len(longer), 'file')} hold bytes after their array data "
                       "(np.load ignores them too), e.g. " + display_path(longer[0]))

@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import _core
+from . import _core, npz
 from ._threads import resolve_placement, resolve_threads
 
 __all__ = ["Header", "read_header", "load", "load_many", "load_factor_files", "MODES"]
@@ -97,15 +97,18 @@ def read_header(path, *, max_header_size: int = 10000) -> Header:
 
 
 def load(path, *, mode: str = "auto", threads: int | None = None, populate: bool = False,
-         max_header_size: int = 10000, cpus=None, nice: int | None = None, io_priority=None) -> np.ndarray:
-    """Load one `.npy` file; equal to ``np.load(path)`` in dtype, shape, values and memory order.
+         max_header_size: int = 10000, cpus=None, nice: int | None = None, io_priority=None):
+    """Load one `.npy` file, or every array of a `.npz` archive; equal to ``np.load(path)``.
 
     Parameters
     ----------
     path : str or os.PathLike
+        A `.npy` file, or a `.npz` archive (by its name): then the result is a dict ``{member: array}``
+        equal to ``dict(np.load(path))``, every member loaded now (in parallel).
     mode : {"auto", "mmap", "read", "direct"}
         How to read it (see the README). ``"auto"`` (the default) is ``"read"``: an owned, writable array like
-        ``np.load``'s. ``"mmap"`` returns a read-only zero-copy view.
+        ``np.load``'s. ``"mmap"`` returns a read-only zero-copy view (for `.npz`: of stored members whose data is
+        aligned for their dtype; other members are read-only copies).
     threads : int, optional
         Threads for a large file (default: ``NPYFEED_THREADS`` or the CPUs this process may use).
     populate : bool
@@ -126,7 +129,7 @@ def load(path, *, mode: str = "auto", threads: int | None = None, populate: bool
 def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None, progress: bool = False,
               populate: bool = False, max_header_size: int = 10000, cpus=None, nice: int | None = None,
               io_priority=None) -> list:
-    """Load many `.npy` files in parallel with the GIL released.
+    """Load many `.npy` files (and `.npz` archives) in parallel with the GIL released.
 
     Parameters
     ----------
@@ -151,8 +154,8 @@ def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None
 
     Returns
     -------
-    list of numpy.ndarray
-        In the order of `paths`.
+    list
+        In the order of `paths`: a numpy.ndarray per `.npy` file, a dict ``{member: array}`` per `.npz` archive.
 
     Raises
     ------
@@ -167,15 +170,24 @@ def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None
     core_mode = _resolve_mode(mode, auto="read")
     placement = resolve_placement(cpus, nice, io_priority)
     nthreads = resolve_threads(threads, placement.get("cpus"))
-    bar = _progress_bar(progress, len(paths))
+    archives = [p for p in paths if npz.is_npz(p)]
+    files = [p for p in paths if not npz.is_npz(p)]
+    bar = _progress_bar(progress, len(files))
     try:
-        results = _core.load_many([_native(p) for p in paths], core_mode, nthreads, max_header_size, populate,
-                                  bar.update_to if bar is not None else None, **placement)
+        results = _core.load_many([_native(p) for p in files], core_mode, nthreads, max_header_size, populate,
+                                  bar.update_to if bar is not None else None, **placement) if files else []
     finally:
         if bar is not None:
             bar.close()
+    loaded = iter(npz.load_archives([_native(p) for p in archives], core_mode, nthreads, max_header_size, populate)
+                  if archives else [])
+    results = iter(results)
     arrays = []
-    for path, (array, fell_back) in zip(paths, results):
+    for path in paths:
+        if npz.is_npz(path):
+            arrays.append(next(loaded))
+            continue
+        array, fell_back = next(results)
         if fell_back:
             log.warning("npyfeed: O_DIRECT refused for %s; used buffered reads instead", path)
         arrays.append(array)
@@ -184,7 +196,7 @@ def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None
 
 def _default_key(path: str) -> str:
     name = os.path.basename(path)
-    return name[:-4] if name.endswith(".npy") else name
+    return name[:-4] if name.endswith((".npy", ".npz")) else name
 
 
 def load_factor_files(in_files: Sequence, store_dict: MutableMapping | None = None, *,
@@ -194,7 +206,10 @@ def load_factor_files(in_files: Sequence, store_dict: MutableMapping | None = No
                       io_priority=None) -> MutableMapping:
     """Drop-in for the users' ``load_factor_files(in_files, store_dict)``, in parallel.
 
-    Fills ``store_dict[key(path)] = array`` for every file and returns `store_dict`.
+    Fills ``store_dict[key(path)] = array`` for every `.npy` file and returns `store_dict`. A `.npz` archive
+    gives ``store_dict[member] = array`` for each of its members, except an archive holding one array saved
+    without a name (``np.savez(path, array)``, member ``arr_0``), which is filled as a `.npy` file would be:
+    ``store_dict[key(path)]``, by default the file name without ``.npz``.
 
     Parameters
     ----------
@@ -202,7 +217,7 @@ def load_factor_files(in_files: Sequence, store_dict: MutableMapping | None = No
     store_dict : mutable mapping, optional
         Filled in place (a new dict if None).
     key : callable, optional
-        Maps a path to its key; default: the file name without ``.npy``.
+        Maps a path to its key; default: the file name without ``.npy`` (or ``.npz``).
     mode, threads, progress, populate, max_header_size, cpus, nice, io_priority
         As in `load_many`. ``mode="mmap"`` shares one copy of the data between all processes.
 
@@ -211,21 +226,33 @@ def load_factor_files(in_files: Sequence, store_dict: MutableMapping | None = No
     NpyFormatError, OSError
         Naming the failing file. `store_dict` is then left exactly as it was.
     ValueError
-        Two files map to the same key.
+        Two files (or members) map to the same key; the message names both.
     """
     if store_dict is None:
         store_dict = {}
     paths = [_fspath(p) for p in in_files]
     key_of = key or _default_key
-    keys = [key_of(p) for p in paths]
     seen: dict = {}
-    for k, p in zip(keys, paths):
+
+    def claim(k, source: str) -> None:
         if k in seen:
-            raise ValueError(f"two files map to the key {k!r}: {seen[k]} and {p}")
-        seen[k] = p
+            raise ValueError(f"two files map to the key {k!r}: {seen[k]} and {source}")
+        seen[k] = source
+
+    for p in paths:
+        if not npz.is_npz(p):
+            claim(key_of(p), p)
     arrays = load_many(paths, mode=mode, threads=threads, progress=progress, populate=populate,
                        max_header_size=max_header_size, cpus=cpus, nice=nice, io_priority=io_priority)
-    store_dict.update(zip(keys, arrays))  # only after every file loaded: no half-filled dict
+    filled = []
+    for p, array in zip(paths, arrays):
+        if npz.is_npz(p):
+            for k, member in npz.store_keys(p, array, key_of):
+                claim(k, p if k != member else f"{p} (member {member!r})")
+                filled.append((k, array[member]))
+        else:
+            filled.append((key_of(p), array))
+    store_dict.update(filled)  # only after every file loaded: no half-filled dict
     return store_dict
 
 

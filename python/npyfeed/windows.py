@@ -72,7 +72,8 @@ class WindowSource:
         Text files of ``feature_index,label_index,key`` lines (blank lines and spaces are tolerated).
     factor_dir, label_dir : str or os.PathLike
         Key ``k`` reads ``<factor_dir>/<k>.npy`` (shape ``(T, F...)``) and ``<label_dir>/<k>.npy``
-        (shape ``(T_label, L...)``).
+        (shape ``(T_label, L...)``), or, where there is no such file, ``<k>.npz`` beside it: an archive holding
+        one array, or the member named by `member`.
     window : int
         Rows per sample, W.
     mode : {"auto", "mmap", "read", "direct"}
@@ -109,6 +110,13 @@ class WindowSource:
         Where the cache lives: default ``$NPYFEED_CACHE_DIR``, else ``$XDG_CACHE_HOME/npyfeed``, else
         ``~/.cache/npyfeed``. A folder that cannot be written gives a warning (``npyfeed`` logger) and the index
         is kept in memory.
+    member : str, optional
+        For `.npz` sources: the member to read (default: the archive must hold exactly one array).
+    npz_memory_limit : int, optional
+        `.npz` members are inflated (deflated members) or copied (stored members not viewed in place:
+        misaligned, or ``mode`` other than ``"mmap"``) once, at construction, and held in memory for the
+        source's life. This caps their total size in bytes (default: half the physical memory); going over
+        raises ``ValueError`` naming the file.
 
     Raises
     ------
@@ -127,7 +135,8 @@ class WindowSource:
 
     def __init__(self, index_files, factor_dir, label_dir, window: int, *, mode: str = "auto",
                  threads: int | None = None, dtype="float32", bounds: str = "error", max_header_size: int = 10000,
-                 cpus=None, nice: int | None = None, io_priority=None, cache: bool = True, cache_dir=None):
+                 cpus=None, nice: int | None = None, io_priority=None, cache: bool = True, cache_dir=None,
+                 member: str | None = None, npz_memory_limit: int | None = None):
         window, out_dtype = _check_common(window, dtype, bounds)
         core_mode = _resolve_mode(mode, auto="mmap")
         placement = resolve_placement(cpus, nice, io_priority)
@@ -138,10 +147,12 @@ class WindowSource:
         factor_paths = [os.path.join(factor_dir, k + ".npy") for k in keys]
         label_paths = [os.path.join(label_dir, k + ".npy") for k in keys]
         core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, _dtype_name(out_dtype), bounds, core_mode,
-                                       nthreads, max_header_size, **placement)
+                                       nthreads, max_header_size, **placement, npz_member=member or "",
+                                       npz_memory_limit=npz_memory_limit or 0)
         self._init(core, index, window, out_dtype, core_mode, nthreads)
         self._index_cache, self._index_built = index_cache, built
-        self._files = tuple(factor_paths + label_paths)
+        # The files read: `<k>.npz` where the source fell back to it (one stat each, after a successful open).
+        self._files = tuple(p if os.path.exists(p) else p[:-4] + ".npz" for p in factor_paths + label_paths)
         self._warn_direct_fallback()
 
     @classmethod
