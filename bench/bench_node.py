@@ -17,8 +17,10 @@ factor and label file `np.load`ed into a dict (their `load_factor_files`), then 
 The data set is the users' shape by default (14,000 keys of (4800, F) float32, an index line per row from row
 W-1 on: 65.8M samples) with F shrunk to 8 so that it fits a 24 GiB box; it is generated once into `--dir`.
 
-Targets (issue 8, a 2-core box): one process with the index compiled: private <= 200 MB, first batch <= 1 s;
-10 processes together: total private <= 2 GB, every process's open + first batch <= 5 s, none killed.
+Targets (issue 8, a 2-core box; "private memory" there is RssAnon, the heap that swap would have to take): one
+process with the index compiled: RssAnon <= 200 MB, first batch <= 1 s; 10 processes together: total RssAnon
+<= 2 GB, every process's open + first batch <= 5 s, none killed. (Private also counts file pages that only this
+process maps, such as the index cache while no other process maps it: page cache, not heap.)
 """
 
 from __future__ import annotations
@@ -257,13 +259,15 @@ def _print_targets(payload: dict, procs: int) -> None:
     lines = []
     single = payload["runs"].get("npyfeed_single", {}).get("summary")
     if single:
-        lines.append(f"one process: private {single['private_sum'] / MB:.0f} MB (target <= 200 MB: "
-                     f"{'MET' if single['private_sum'] <= 200 * MB else 'MISSED'}), open + first batch "
-                     f"{single['start_max_s']:.2f} s")
+        lines.append(f"one process: RssAnon {single['rss_anon_sum'] / MB:.0f} MB (target <= 200 MB: "
+                     f"{'MET' if single['rss_anon_sum'] <= 200 * MB else 'MISSED'}), open + first batch "
+                     f"{single['start_max_s']:.2f} s (target <= 1 s: "
+                     f"{'MET' if single['start_max_s'] <= 1 else 'MISSED'})")
     node = payload["runs"]["npyfeed"]["summary"]
     if node:
-        lines.append(f"{procs} processes: total private {node['private_sum'] / 1e9:.2f} GB (target <= 2 GB: "
-                     f"{'MET' if node['private_sum'] <= 2e9 else 'MISSED'}), slowest open + first batch "
+        lines.append(f"{procs} processes: total RssAnon {node['rss_anon_sum'] / 1e9:.2f} GB (target <= 2 GB: "
+                     f"{'MET' if node['rss_anon_sum'] <= 2e9 else 'MISSED'}), total private {node['private_sum'] / 1e9:.2f} "
+                     f"GB, slowest open + first batch "
                      f"{node['start_max_s']:.2f} s (target <= 5 s: {'MET' if node['start_max_s'] <= 5 else 'MISSED'}), "
                      f"failed {node['failed']}")
     print("\ntargets\n  " + "\n  ".join(lines))

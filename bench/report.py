@@ -85,10 +85,11 @@ def render_node(result: dict) -> list:
             continue
         n = len(run["results"])
         rows.append([{"npyfeed_single": "npyfeed, 1 process", "npyfeed": f"npyfeed, {n} processes",
-                      "users": f"users' dict way, {n} processes"}.get(name, name), f"{s['private_sum'] / 1e6:,.0f}",
+                      "users": f"users' dict way, {n} processes"}.get(name, name), f"{s['rss_anon_sum'] / 1e6:,.0f}",
+                     f"{s['private_sum'] / 1e6:,.0f}",
                      f"{s['pss_sum'] / 1e6:,.0f}", f"{s['open_max_s']:.2f}", f"{s['start_max_s']:.2f}",
                      f"{s['samples_per_s_sum']:,.0f}", s["failed"]])
-    return out + _table(("run", "Σ private MB", "Σ PSS MB", "slowest open s", "slowest open + 1st batch s",
+    return out + _table(("run", "Σ RssAnon MB", "Σ private MB", "Σ PSS MB", "slowest open s", "slowest open + 1st batch s",
                          "Σ samples/s", "failed"), rows)
 
 
