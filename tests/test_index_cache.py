@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,7 @@ from pathlib import Path
 import npyfeed
 import numpy as np
 import pytest
+from _sandbox import run_unprivileged, shared_dir
 
 WINDOW = 4
 KEYS = ("a", "b", "c")
@@ -171,20 +173,35 @@ def test_unwritable_cache_dir_warns_and_works(data, tmp_path, caplog):
     assert_matches(src, oracle(root, entries))
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_read_only_cache_dir(data, tmp_path, caplog):
-    root, entries = data
-    cache_dir = tmp_path / "ro"
-    cache_dir.mkdir()
-    cache_dir.chmod(0o555)
-    try:
-        with caplog.at_level(logging.WARNING, logger="npyfeed"):
-            src = open_source(root, cache_dir=cache_dir)
-        assert src.index_cache is None
-        assert any("index cache" in r.getMessage() for r in caplog.records)
-        assert_matches(src, oracle(root, entries))
-    finally:
-        cache_dir.chmod(0o755)
+def test_read_only_cache_dir(data):
+    """As an unprivileged user (a child that drops root, when the tests run as root), a cache folder it cannot
+    write: a warning, no cache, and the same samples as without one."""
+    root, _ = data
+    with shared_dir() as shared:
+        copy = shared / "data"
+        shutil.copytree(root, copy)
+        for path in [copy, *copy.rglob("*")]:
+            os.chmod(path, 0o755 if path.is_dir() else 0o444)
+        cache_dir = shared / "ro"
+        cache_dir.mkdir()
+        cache_dir.chmod(0o555)
+        proc = run_unprivileged("""
+            import logging
+            from pathlib import Path
+            root, cache_dir = Path(sys.argv[1]), sys.argv[2]
+            messages = []
+            handler = logging.Handler()
+            handler.emit = lambda record: messages.append(record.getMessage())
+            logging.getLogger("npyfeed").addHandler(handler)
+            args = (root / "index.txt", root / "factor", root / "label", 4)
+            src = npyfeed.WindowSource(*args, cache_dir=cache_dir)
+            plain = npyfeed.WindowSource(*args, cache=False)
+            ids = np.arange(len(src))
+            same = all(np.array_equal(a, b) for a, b in zip(src.get(ids), plain.get(ids)))
+            print(src.index_cache is None, any("index cache" in m for m in messages), same, os.listdir(cache_dir))
+        """, copy, cache_dir, imports="import numpy as np, npyfeed\n")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1] == "True True True []", proc.stdout
 
 
 def test_processes_opening_together_build_once(data, tmp_path):

@@ -17,6 +17,7 @@ import textwrap
 import npyfeed
 import numpy as np
 import pytest
+from _sandbox import run_unprivileged, shared_dir
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread placement is Linux")
 
@@ -195,11 +196,23 @@ def test_invalid_nice_and_io_priority(tmp_path, kwargs, error, words):
         npyfeed.load(tmp_path / "x.npy", **kwargs)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may lower niceness")
-def test_lower_niceness_needs_privileges(tmp_path):
-    np.save(tmp_path / "x.npy", np.arange(10))
-    with pytest.raises(PermissionError):
-        npyfeed.load(tmp_path / "x.npy", nice=-20)
+def test_lower_niceness_needs_privileges():
+    """As an unprivileged user (a child that drops root, when the tests run as root): nice=-20 is refused."""
+    with shared_dir() as root:
+        np.save(root / "x.npy", np.arange(10))
+        os.chmod(root / "x.npy", 0o444)
+        proc = run_unprivileged("""
+            try:
+                npyfeed.load(sys.argv[1], nice=-20)
+            except PermissionError as e:
+                print("refused:", e)
+            else:
+                print("accepted")
+            print(npyfeed.load(sys.argv[1], nice=5).tolist() == list(range(10)))
+        """, root / "x.npy", imports="import npyfeed\n")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("refused:") and lines[-1] == "True", proc.stdout
 
 
 def test_placed_loads_give_the_same_arrays(data):
