@@ -236,15 +236,19 @@ Placement placement_of(const std::vector<int>& cpus, std::optional<int> nice,
   return p;
 }
 
-py::list load_many(const std::vector<std::string>& paths, const std::string& mode, std::size_t threads,
-                   std::size_t max_header_size, bool populate,
-                   const std::function<void(std::uint64_t, std::uint64_t)>& progress, const Placement& placement) {
+LoadOptions load_options(const std::string& mode, std::size_t threads, std::size_t max_header_size, bool populate) {
   LoadOptions options;
   options.mode = parse_read_mode(mode);
   options.threads = threads;
   options.max_header_size = max_header_size;
   options.populate = populate;
-  ManyLoad load(paths, options);
+  return options;
+}
+
+py::list load_many(const std::vector<std::string>& paths, const std::string& mode, std::size_t threads,
+                   std::size_t max_header_size, bool populate,
+                   const std::function<void(std::uint64_t, std::uint64_t)>& progress, const Placement& placement) {
+  ManyLoad load(paths, load_options(mode, threads, max_header_size, populate));
   ThreadPool& pool = *without_gil([&] { return &shared_pool(0, placement); });
   auto tick = [&] {
     if (progress) progress(load.bytes_done(), load.bytes_total());
@@ -275,12 +279,7 @@ py::str npz_member_key(const ZipMember& member, const std::string& archive) {
 // [[(key, array), ...] per archive]: every member of every archive, read or inflated in parallel.
 py::list load_npz_many(const std::vector<std::string>& paths, const std::string& mode, std::size_t threads,
                        std::size_t max_header_size, bool populate) {
-  LoadOptions options;
-  options.mode = parse_read_mode(mode);
-  options.threads = threads;
-  options.max_header_size = max_header_size;
-  options.populate = populate;
-  NpzLoad load(paths, options);
+  NpzLoad load(paths, load_options(mode, threads, max_header_size, populate));
   ThreadPool& pool = shared_pool();
   wait_interruptibly(load.start_directories(pool));
   wait_interruptibly(load.start_members(pool));
