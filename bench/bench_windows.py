@@ -765,6 +765,40 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def tf_element_floor(tf, batch: int, window: int, cols: int, labels: int, seconds: float) -> dict:
+    """TensorFlow's own cost per element of a pipeline shaped like (f), with nothing to gather: a range mapped
+    through a ``numpy_function`` that returns the same preallocated, 64-byte-aligned batch (adopted without a
+    copy), two calls in flight, prefetch; iterated by the same Python loop as the contenders. CPU us per batch
+    (all threads) and batches/s; also a bare ``range`` (the eager iterator alone)."""
+    def aligned(shape):
+        nbytes = int(np.prod(shape)) * 4
+        raw = np.zeros(nbytes + 64, np.uint8)
+        off = (-raw.ctypes.data) % 64
+        return raw[off:off + nbytes].view(np.float32).reshape(shape)
+
+    x, y = aligned((batch, window, cols)), aligned((batch, labels))
+    positions = tf.data.Dataset.range(2**62)
+    pipelines = {
+        "range": positions.map(lambda b: (b, b)),
+        "range + numpy_function": positions.map(
+            lambda b: tuple(tf.numpy_function(lambda _: (x, y), [b], (tf.float32, tf.float32), stateful=False)),
+            num_parallel_calls=2, deterministic=True).prefetch(tf.data.AUTOTUNE),
+    }
+    out = {}
+    for name, ds in pipelines.items():
+        it = iter(ds)
+        for _ in range(20):
+            next(it)
+        cpu0, t0, n = _cpu_seconds(), time.perf_counter(), 0
+        while time.perf_counter() - t0 < seconds:
+            next(it)
+            n += 1
+        out[name] = {"cpu_us_per_batch": (_cpu_seconds() - cpu0) / n * 1e6,
+                     "batches_per_s": n / (time.perf_counter() - t0)}
+        del it
+    return out
+
+
 def best(values) -> float | None:
     values = [v for v in values if v is not None]
     return max(values) if values else None
@@ -784,6 +818,10 @@ def main(argv=None) -> int:
     limits: dict = {}
     log("limits: memory copy, 1 thread ...")
     copy_1 = common.memcpy_bandwidth(1, args.copy_bytes, repeats=2 if args.quick else 5)
+    tf_floor = None
+    if tf is not None:
+        log("limits: TensorFlow's own cost per element (no gather) ...")
+        tf_floor = tf_element_floor(tf, args.batch, args.window, args.cols, args.labels, 0.5 if args.quick else 3.0)
     all_results, setups, residency, window_bytes = [], {}, 0.0, {}
     for dtype in args.dtypes:
         res, st, frac, wb = run_dtype(args, dtype, tf, limits, log)
@@ -855,6 +893,19 @@ def main(argv=None) -> int:
             lim_rows.append([f"O_DIRECT random read qd{qd} ({dtype})", common.fmt(g, ".2f"),
                              "-" if rate is None else f"{rate:,.0f}", f"{window_bytes[dtype]} B windows"])
     print(common.format_table(("limit", "GB/s", "samples/s", "per sample"), lim_rows, align="lrrl"))
+    if tf_floor:
+        print()
+        print("TensorFlow's own cost per batch, nothing gathered (the floor under (f); CPU of all threads):")
+        for name, v in tf_floor.items():
+            print(f"  {name:28s} {v['cpu_us_per_batch']:8,.0f} us CPU/batch  {v['batches_per_s']:8,.0f} batches/s")
+        for dtype in args.dtypes:
+            e = by.get(("e-mmap", dtype, "warm"))
+            if e and e.best_cpu_us:
+                e_batch = e.best_cpu_us * args.batch
+                floor = tf_floor["range + numpy_function"]["cpu_us_per_batch"]
+                print(f"  {dtype}: (e) mmap uses {e_batch:,.0f} us CPU/batch; with every core busy gathering, (f) can "
+                      f"reach at most {e_batch / (e_batch + floor):.2f}x (e), and its CPU/sample is at least "
+                      f"{(e_batch + floor) / e_batch:.2f}x (e)'s")
     print()
     print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrrrlrl"))
     print()
@@ -887,6 +938,7 @@ def main(argv=None) -> int:
             "load_average": {"before": load_before, "after": load_after},
             "limits_gbps": {k: v for k, v in limits.items()} | {"copy_1": copy_1},
             "limits_samples_per_s": {f"{d}/{c}": v for (d, c), v in limit_rate.items()},
+            "tf_element_floor": tf_floor,
             "results": results_json, "targets": targets, "max_residency_after_evict": residency})
     return 0
 
