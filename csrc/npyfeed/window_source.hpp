@@ -48,6 +48,13 @@ struct WindowBatch {
   std::size_t count = 0;
 };
 
+/// Arrays that stand in for a source's own in one gather (shuffle="blocks": files read whole into memory).
+/// Indexed by key; only the keys of the gathered samples need a reader.
+struct KeyArrays {
+  std::vector<ArraySource> factors;
+  std::vector<ArraySource> labels;
+};
+
 class WindowSource : public std::enable_shared_from_this<WindowSource> {
  public:
   /// Throws InvalidArgument for a window below 1, an output size other than 4 or 8, or threads of 0.
@@ -79,15 +86,26 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   /// can also come at the first read).
   std::vector<std::string> direct_fallbacks() const;
 
+  /// Keys, their arrays, and which key sample i (< size()) reads (for BlockStream).
+  std::size_t num_keys() const noexcept { return factors_.size(); }
+  const ArraySource& factor_source(std::size_t key) const { return factors_.at(key); }
+  const ArraySource& label_source(std::size_t key) const { return labels_.at(key); }
+  std::uint32_t sample_key(std::size_t sample) const noexcept { return samples_[sample].key; }
+  /// True for a source over files (start_open), false for arrays in memory.
+  bool reads_files() const noexcept { return reads_files_; }
+
   /// Throws IndexOutOfRange naming the first id outside [0, size()).
   void check_ids(const std::vector<std::int64_t>& sample_ids) const;
   /// Starts gathering `count` samples (ids into [0, size())) into x and y, which must hold
   /// count * x_sample_bytes() and count * y_sample_bytes(). Throws IndexOutOfRange for a bad id (before starting).
-  std::shared_ptr<Job> start_gather(ThreadPool& pool, std::vector<std::int64_t> sample_ids, std::byte* x, std::byte* y);
+  /// With `arrays`, reads those instead of the source's own; the caller keeps them alive until the job finished.
+  std::shared_ptr<Job> start_gather(ThreadPool& pool, std::vector<std::int64_t> sample_ids, std::byte* x, std::byte* y,
+                                    const KeyArrays* arrays = nullptr);
   /// Allocates a batch for `sample_ids` (from `buffers` when given) and starts gathering into it; the batch
   /// is complete once the job finished. Throws IndexOutOfRange for a bad id (before starting).
   std::pair<WindowBatch, std::shared_ptr<Job>> start_batch(ThreadPool& pool, std::vector<std::int64_t> sample_ids,
-                                                           BufferPool* buffers = nullptr);
+                                                           BufferPool* buffers = nullptr,
+                                                           const KeyArrays* arrays = nullptr);
 
  private:
   void open_key(std::size_t key, const std::string& factor_path, const std::string& label_path);
@@ -106,6 +124,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::vector<std::int64_t> x_row_shape_;
   std::vector<std::int64_t> y_row_shape_;
   bool keep_fds_ = true;
+  bool reads_files_ = false;
   std::size_t reads_in_flight_ = 1;  // per gather thread: the most any reader asks for
 };
 

@@ -102,6 +102,7 @@ std::shared_ptr<Job> WindowSource::start_open(ThreadPool& pool, std::vector<std:
   if (factor_paths.size() != index_.keys.size() || label_paths.size() != index_.keys.size()) {
     throw InvalidArgument("one factor and one label path per key are needed");
   }
+  reads_files_ = true;
   auto self = shared_from_this();
   auto f = std::make_shared<std::vector<std::string>>(std::move(factor_paths));
   auto l = std::make_shared<std::vector<std::string>>(std::move(label_paths));
@@ -260,19 +261,26 @@ void WindowSource::check_ids(const std::vector<std::int64_t>& sample_ids) const 
 }
 
 std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<std::int64_t> sample_ids, std::byte* x,
-                                                std::byte* y) {
+                                                std::byte* y, const KeyArrays* arrays) {
   check_ids(sample_ids);
   GatherInput input{&factors_, &labels_, &samples_, window_, options_.out_size, x_row_elems_, y_row_elems_};
+  if (arrays) {
+    input.factors = &arrays->factors;
+    input.labels = &arrays->labels;
+  }
   auto gather = std::make_shared<Gather>(input, std::move(sample_ids), x, y);
   gather->hint_will_need();
   auto self = shared_from_this();  // the gather reads this source's arrays: keep them alive while it runs
-  return pool.start(gather->keys(), reads_in_flight_ * options_.threads,
+  // Arrays in memory need no reads in flight: one worker per thread.
+  const std::size_t workers = arrays ? options_.threads : reads_in_flight_ * options_.threads;
+  return pool.start(gather->keys(), workers,
                     [self, gather](std::size_t k) { gather->run_key(k); });
 }
 
 std::pair<WindowBatch, std::shared_ptr<Job>> WindowSource::start_batch(ThreadPool& pool,
                                                                        std::vector<std::int64_t> sample_ids,
-                                                                       BufferPool* buffers) {
+                                                                       BufferPool* buffers,
+                                                                       const KeyArrays* arrays) {
   auto allocate = [&](std::size_t bytes) {
     return buffers != nullptr ? buffers->acquire(bytes) : std::make_shared<AlignedBuffer>(bytes);
   };
@@ -280,7 +288,7 @@ std::pair<WindowBatch, std::shared_ptr<Job>> WindowSource::start_batch(ThreadPoo
   batch.count = sample_ids.size();
   batch.x = allocate(batch.count * x_sample_bytes());
   batch.y = allocate(batch.count * y_sample_bytes());
-  auto job = start_gather(pool, std::move(sample_ids), batch.x->data(), batch.y->data());
+  auto job = start_gather(pool, std::move(sample_ids), batch.x->data(), batch.y->data(), arrays);
   return {std::move(batch), std::move(job)};
 }
 
