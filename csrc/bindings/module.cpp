@@ -508,13 +508,15 @@ PYBIND11_MODULE(_core, m) {
              return py::make_tuple(wrap_batch(batch.x, batch.count, s->x_shape(), out),
                                    wrap_batch(batch.y, batch.count, s->y_shape(), out));
            })
-      .def("stream", [](const std::shared_ptr<WindowSource>& s, bool shuffle, std::uint64_t seed, std::uint64_t epoch,
-                        std::size_t num_shards, std::size_t shard_index, std::size_t batch_size, bool drop_remainder,
-                        std::size_t prefetch, std::size_t start_batch) {
-        EpochOrder order(s->size(), shuffle, seed, epoch, num_shards, shard_index);
-        return std::make_unique<PyBatchStream>(
-            s, std::make_unique<BatchStream>(s, std::move(order), batch_size, drop_remainder, prefetch, start_batch));
-      })
+      .def("stream",
+           [](const std::shared_ptr<WindowSource>& s, bool shuffle, std::uint64_t seed, std::uint64_t epoch,
+              std::size_t num_shards, std::size_t shard_index, std::size_t batch_size, bool drop_remainder,
+              std::size_t prefetch, std::size_t start_batch) {
+             EpochOrder order(s->size(), shuffle, seed, epoch, num_shards, shard_index);
+             return std::make_unique<PyBatchStream>(
+                 s,
+                 std::make_unique<BatchStream>(s, std::move(order), batch_size, drop_remainder, prefetch, start_batch));
+           })
       .def("block_stream",
            [](const std::shared_ptr<WindowSource>& s, std::uint64_t memory_budget, std::uint64_t seed,
               std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index, std::size_t batch_size,
@@ -525,13 +527,13 @@ PYBIND11_MODULE(_core, m) {
              });
              return std::make_unique<PyBlockStream>(s, std::move(stream));
            })
-      .def("block_epoch_order",
-           [](const std::shared_ptr<WindowSource>& s, std::uint64_t memory_budget, std::uint64_t seed,
-              std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index) {
-             std::vector<std::int64_t> order = without_gil(
-                 [&] { return block_epoch_order(*s, memory_budget, seed, epoch, num_shards, shard_index); });
-             return py::array_t<std::int64_t>(order.size(), order.data());
-           });
+      .def("block_epoch_order", [](const std::shared_ptr<WindowSource>& s, std::uint64_t memory_budget,
+                                   std::uint64_t seed, std::uint64_t epoch, std::size_t num_shards,
+                                   std::size_t shard_index) {
+        std::vector<std::int64_t> order =
+            without_gil([&] { return block_epoch_order(*s, memory_budget, seed, epoch, num_shards, shard_index); });
+        return py::array_t<std::int64_t>(order.size(), order.data());
+      });
 
   py::class_<PyBatchStream>(m, "BatchStream")
       .def("__next__", &PyBatchStream::next)

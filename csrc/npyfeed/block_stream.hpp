@@ -19,17 +19,17 @@
 
 namespace npyfeed {
 
-/// Bytes of each key's arrays as plan_blocks counts them: its factor plus label file sizes (header and data,
-/// whatever the read mode, so the order does not depend on it); data bytes for arrays in memory.
+/// Bytes of each key's arrays as plan_blocks counts them: factor plus label data bytes (not the headers), so
+/// that the order is the same for files in any read mode and for the same arrays in memory.
 std::vector<std::uint64_t> block_key_bytes(const WindowSource& source);
 
 /// The sample ids of one epoch of `source` for one shard under shuffle="blocks", materialised.
-std::vector<std::int64_t> block_epoch_order(const WindowSource& source, std::uint64_t memory_budget,
-                                            std::uint64_t seed, std::uint64_t epoch, std::size_t num_shards,
-                                            std::size_t shard_index);
+std::vector<std::int64_t> block_epoch_order(const WindowSource& source, std::uint64_t memory_budget, std::uint64_t seed,
+                                            std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index);
 
 /// Batches of one shard of a blocks epoch. Memory: the blocks held (read ahead, being consumed, or read by a
-/// gather in flight) never exceed `memory_budget` bytes of file data, except where one batch alone needs
+/// gather in flight) never exceed `memory_budget` bytes of array data (plus each file's header and O_DIRECT
+/// alignment, under 8 KiB a file), except where one batch alone needs
 /// more (a key larger than half the budget, a batch spanning more than two blocks): then they are the
 /// blocks that batch needs. Batch buffers (prefetch + 2 batches) come on top.
 /// Files of a file source are read whole, with O_DIRECT in modes "direct" and "mmap" (buffered in "read");

@@ -20,8 +20,7 @@ std::uint64_t block_stream_id(std::uint64_t epoch, std::size_t block) {
 
 }  // namespace
 
-SamplesByKey::SamplesByKey(std::size_t num_keys, std::size_t n,
-                           const std::function<std::uint32_t(std::size_t)>& key_of)
+SamplesByKey::SamplesByKey(std::size_t num_keys, std::size_t n, const std::function<std::uint32_t(std::size_t)>& key_of)
     : begin(num_keys + 1, 0) {
   if (n >= (std::uint64_t{1} << 32)) {
     throw InvalidArgument("shuffle='blocks' supports fewer than 2^32 samples, got " + std::to_string(n));
@@ -101,7 +100,8 @@ std::vector<std::int64_t> block_epoch_order(const BlockPlan& plan, const Samples
     const std::vector<std::int64_t> ids = block_samples(plan, samples, b);
     const std::uint64_t lo = std::max(plan.first, plan.block_begin[b]) - plan.block_begin[b];
     const std::uint64_t hi = std::min(plan.end, plan.block_begin[b + 1]) - plan.block_begin[b];
-    order.insert(order.end(), ids.begin() + static_cast<std::ptrdiff_t>(lo), ids.begin() + static_cast<std::ptrdiff_t>(hi));
+    order.insert(order.end(), ids.begin() + static_cast<std::ptrdiff_t>(lo),
+                 ids.begin() + static_cast<std::ptrdiff_t>(hi));
   }
   return order;
 }

@@ -21,8 +21,6 @@ bool must_read(const WindowSource& source, const ArraySource& array) {
   return source.reads_files() && !(array.reader->view() != nullptr && array.reader->view_writable());
 }
 
-std::uint64_t file_bytes(const ArraySource& array) { return array.header().data_offset + array.header().nbytes; }
-
 std::string shape_text(const std::vector<std::int64_t>& s) {
   std::string t = "(";
   for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
@@ -53,15 +51,13 @@ ArraySource read_whole_file(const ArraySource& opened, const WindowOptions& opti
 
 std::vector<std::uint64_t> block_key_bytes(const WindowSource& source) {
   std::vector<std::uint64_t> bytes(source.num_keys());
-  const bool files = source.reads_files();
-  auto size = [&](const ArraySource& a) { return files ? file_bytes(a) : a.header().nbytes; };
-  for (std::size_t k = 0; k < bytes.size(); ++k) bytes[k] = size(source.factor_source(k)) + size(source.label_source(k));
+  for (std::size_t k = 0; k < bytes.size(); ++k)
+    bytes[k] = source.factor_source(k).header().nbytes + source.label_source(k).header().nbytes;
   return bytes;
 }
 
-std::vector<std::int64_t> block_epoch_order(const WindowSource& source, std::uint64_t memory_budget,
-                                            std::uint64_t seed, std::uint64_t epoch, std::size_t num_shards,
-                                            std::size_t shard_index) {
+std::vector<std::int64_t> block_epoch_order(const WindowSource& source, std::uint64_t memory_budget, std::uint64_t seed,
+                                            std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index) {
   const auto samples = samples_by_key(source);
   const BlockPlan plan =
       plan_blocks(*samples, block_key_bytes(source), memory_budget, seed, epoch, num_shards, shard_index);
@@ -111,7 +107,7 @@ void BlockStream::start_load(std::size_t index) {
   for (std::size_t i = plan.key_begin[index]; i < plan.key_begin[index + 1]; ++i) {
     const std::uint32_t key = plan.keys[i];
     for (const ArraySource* a : {&source.factor_source(key), &source.label_source(key)})
-      bytes += must_read(source, *a) ? file_bytes(*a) : 0;
+      bytes += must_read(source, *a) ? a->header().nbytes : 0;
   }
   // The block's memory is counted from now until its arrays are freed: by whoever lets go last, this stream
   // or a gather still reading them.
@@ -243,7 +239,7 @@ BlockStream::Batch BlockStream::take() {
   pending_.pop_front();
   p.job->wait();
   p.arrays.reset();  // the last batch of a block lets the block's memory go here
-  fill();  // start the next read-ahead before handing this batch out
+  fill();            // start the next read-ahead before handing this batch out
   return std::move(p.batch);
 }
 

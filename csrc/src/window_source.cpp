@@ -273,14 +273,12 @@ std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<st
   auto self = shared_from_this();  // the gather reads this source's arrays: keep them alive while it runs
   // Arrays in memory need no reads in flight: one worker per thread.
   const std::size_t workers = arrays ? options_.threads : reads_in_flight_ * options_.threads;
-  return pool.start(gather->keys(), workers,
-                    [self, gather](std::size_t k) { gather->run_key(k); });
+  return pool.start(gather->keys(), workers, [self, gather](std::size_t k) { gather->run_key(k); });
 }
 
 std::pair<WindowBatch, std::shared_ptr<Job>> WindowSource::start_batch(ThreadPool& pool,
                                                                        std::vector<std::int64_t> sample_ids,
-                                                                       BufferPool* buffers,
-                                                                       const KeyArrays* arrays) {
+                                                                       BufferPool* buffers, const KeyArrays* arrays) {
   auto allocate = [&](std::size_t bytes) {
     return buffers != nullptr ? buffers->acquire(bytes) : std::make_shared<AlignedBuffer>(bytes);
   };
