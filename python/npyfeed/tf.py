@@ -33,8 +33,9 @@ __all__ = ["dataset"]
 log = logging.getLogger("npyfeed")
 
 
-def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_remainder: bool = False,
-            device: str | None = None, input_context=None, prefetch: int = 2) -> tf.data.Dataset:
+def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, drop_remainder: bool = False,
+            device: str | None = None, input_context=None, prefetch: int = 2,
+            memory_budget: int | None = None) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(x, y)`` batches from `src`; each pass over it is a new epoch.
 
     Parameters
@@ -42,8 +43,10 @@ def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_
     src : WindowSource
     batch_size : int
         Batch size; with `input_context`, the *global* batch size, split evenly over the replicas.
-    shuffle : bool
-        Shuffle the samples: a seeded permutation of all samples per epoch, a new one each pass.
+    shuffle : bool or "blocks"
+        Shuffle the samples: a seeded permutation of all samples per epoch, a new one each pass. ``"blocks"``
+        (data sets larger than RAM): each file read once per epoch, whole, within `memory_budget`; see
+        ``WindowSource.batches``.
     seed : int
         Seed of the permutation (same seed and epoch, same order, on any machine).
     drop_remainder : bool
@@ -58,6 +61,8 @@ def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_
         the epoch exactly once) in batches of ``input_context.get_per_replica_batch_size(batch_size)``.
     prefetch : int
         Batches the C++ side gathers ahead, in addition to TensorFlow's own ``prefetch(AUTOTUNE)``.
+    memory_budget : int, optional
+        With ``shuffle="blocks"``: bytes of file data held at once (default ``WindowSource.batches``'s).
 
     Returns
     -------
@@ -81,8 +86,11 @@ def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_
         num_shards, shard_index = input_context.num_input_pipelines, input_context.input_pipeline_id
     if device is not None and not isinstance(device, str):
         raise TypeError(f"device must be a device name such as '/gpu:0', not {type(device).__name__}")
-    options = dict(batch_size=batch_size, shuffle=bool(shuffle), seed=seed, num_shards=num_shards,
-                   shard_index=shard_index, drop_remainder=bool(drop_remainder), prefetch=prefetch)
+    options = dict(batch_size=batch_size, shuffle=shuffle if isinstance(shuffle, str) else bool(shuffle), seed=seed,
+                   num_shards=num_shards, shard_index=shard_index, drop_remainder=bool(drop_remainder),
+                   prefetch=prefetch)
+    if memory_budget is not None:
+        options["memory_budget"] = memory_budget
     # Check every argument here, where an error is readable, not in TensorFlow's thread at the first batch.
     src.batches(**options).close()
     steps = src.num_batches(batch_size, num_shards=num_shards, shard_index=shard_index,
