@@ -155,13 +155,15 @@ void BlockStream::fill() {
       blocks_.front().load->cancel();
       blocks_.pop_front();
     }
-    // Read ahead within the budget; what the next batch needs, whatever it costs.
+    // Read ahead within the budget, one block at a time (a block read alone gets the whole disk: the first
+    // batch comes sooner); what the next batch needs, whatever it costs.
     const std::size_t needed_last = next_start_ < num_batches_ ? blocks_of_batch(next_start_).second : 0;
     while (next_load_ < last_block_) {
       // Over the budget only for a batch that alone needs more (no gather in flight holds older blocks then).
       const bool needed = next_start_ < num_batches_ && next_load_ <= needed_last && pending_.empty();
       const bool fits = counters_->held.load() + plan_->block_bytes[next_load_] <= memory_budget_;
-      if (!needed && !fits) break;
+      const bool reading = !blocks_.empty() && !blocks_.back().load->wait_for(std::chrono::milliseconds(0));
+      if (!needed && (!fits || reading)) break;
       start_load(next_load_++);
     }
     if (pending_.size() >= prefetch_ || next_start_ >= num_batches_) return;
