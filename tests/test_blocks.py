@@ -280,3 +280,15 @@ def test_tf_dataset_equals_the_numpy_iterator(data):
         for (ax, ay), (ex, ey) in zip(got, want):
             np.testing.assert_array_equal(ax, ex, strict=True)
             np.testing.assert_array_equal(ay, ey, strict=True)
+
+
+def test_drop_remainder_and_len(data):
+    src = data.open("read")
+    b = budget_of(data, 2)
+    order = src.epoch_order(0, shuffle="blocks", seed=2, memory_budget=b)
+    it = src.batches(32, shuffle="blocks", seed=2, memory_budget=b, drop_remainder=True)
+    assert len(it) == len(order) // 32 == src.num_batches(32, drop_remainder=True)
+    batches = list(it)
+    assert len(batches) == len(order) // 32 and all(len(y) == 32 for _, y in batches)
+    np.testing.assert_array_equal(np.concatenate([y for _, y in batches]),
+                                  data.reference("error", order[:len(batches) * 32])[1])
