@@ -62,7 +62,7 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     prefetch : int
         Batches the C++ side gathers ahead, in addition to TensorFlow's own ``prefetch(AUTOTUNE)``.
     memory_budget : int, optional
-        With ``shuffle="blocks"``: bytes of file data held at once (default ``WindowSource.batches``'s).
+        With ``shuffle="blocks"``: bytes of array data held at once (default ``WindowSource.batches``'s).
 
     Returns
     -------

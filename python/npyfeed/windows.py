@@ -291,7 +291,7 @@ class WindowSource:
             and in sequence, into at most `memory_budget` bytes, and gathers the batches from memory: the
             choice for data sets larger than RAM (see the README).
         memory_budget : int
-            With ``shuffle="blocks"``: bytes of file data held at once (two blocks: one consumed while the
+            With ``shuffle="blocks"``: bytes of array data held at once (two blocks: one consumed while the
             next is read). It also decides the order, so keep it fixed to reproduce an epoch. Batch buffers,
             and a key larger than half the budget, come on top.
         num_shards, shard_index
