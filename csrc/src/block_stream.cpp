@@ -128,20 +128,25 @@ void BlockStream::start_load(std::size_t index) {
   auto plan_ptr = plan_;
   auto by_key = samples_;
   const ReadMode mode = read_mode_;
-  // Items: one per key (its factor and label files), and the block's sample order.
+  // Items: one per key (its factor and label files), and the block's sample order. The job writes into the
+  // Block's arrays through plain pointers: a finished job's function may live on a moment in a pool thread,
+  // and must not keep the block's memory (nor its count) alive. The Block outlives the job: close() waits for
+  // it, and fill() drops only blocks whose reads have finished.
+  KeyArrays* out = arrays.get();
+  std::vector<std::int64_t>* order = samples.get();
   auto job = shared_pool().start(
       keys + 1, std::max<std::size_t>(source.options().threads, 4),
-      [source_ptr, plan_ptr, by_key, arrays, samples, index, keys, mode](std::size_t item) {
+      [source_ptr, plan_ptr, by_key, out, order, index, keys, mode](std::size_t item) {
         if (item == keys) {
-          *samples = block_samples(*plan_ptr, *by_key, index);
+          *order = block_samples(*plan_ptr, *by_key, index);
           return;
         }
         const std::uint32_t key = plan_ptr->keys[plan_ptr->key_begin[index] + item];
         const WindowSource& src = *source_ptr;
         const ArraySource& factor = src.factor_source(key);
         const ArraySource& label = src.label_source(key);
-        arrays->factors[key] = must_read(src, factor) ? read_whole_file(factor, src.options(), mode) : factor;
-        arrays->labels[key] = must_read(src, label) ? read_whole_file(label, src.options(), mode) : label;
+        out->factors[key] = must_read(src, factor) ? read_whole_file(factor, src.options(), mode) : factor;
+        out->labels[key] = must_read(src, label) ? read_whole_file(label, src.options(), mode) : label;
       });
   blocks_.push_back({index, std::move(arrays), std::move(samples), std::move(job)});
 }
@@ -152,7 +157,8 @@ void BlockStream::fill() {
     const std::uint64_t next_position =
         next_start_ < num_batches_ ? plan_->first + static_cast<std::uint64_t>(next_start_) * batch_size_ : plan_->end;
     while (!blocks_.empty() && plan_->block_begin[blocks_.front().index + 1] <= next_position) {
-      blocks_.front().load->cancel();
+      // Its batches have all started, so its read has finished; waiting costs nothing and keeps that a rule.
+      if (!blocks_.front().load->orphaned()) blocks_.front().load->wait_for(std::chrono::hours(24));
       blocks_.pop_front();
     }
     // Read ahead within the budget, one block at a time (a block read alone gets the whole disk: the first
