@@ -1,12 +1,12 @@
 """shuffle="blocks": the epoch order (every sample once, under every bounds policy; deterministic; shards
 contiguous, disjoint, covering, sizes within one; resume), batch values against np.load and slicing in every
 mode and from arrays, the memory budget (the stream's own count of bytes held), files deleted or truncated
-mid-epoch, the warning that points ``shuffle=True`` users at it, and tf.dataset against the numpy iterator.
+mid-epoch, the warning that points ``shuffle=True`` users at it (tf.dataset with blocks: tests/test_tf.py,
+which keeps TensorFlow's threads out of the processes of the other test files).
 Mirrors tests/cpp/test_block_order.cpp and tests/cpp/test_block_stream.cpp."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 
@@ -264,22 +264,6 @@ def test_global_shuffle_over_more_than_memory_warns_once(data, monkeypatch, capl
 def test_available_memory_is_positive():
     avail = windows.available_memory()
     assert avail is None or avail > 0
-
-
-@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed")
-def test_tf_dataset_equals_the_numpy_iterator(data):
-    import npyfeed.tf
-
-    src = data.open("direct")
-    b = budget_of(data, 2)
-    ds = npyfeed.tf.dataset(src, 16, shuffle="blocks", seed=6, memory_budget=b)
-    for epoch in range(2):
-        got = [(x.numpy(), y.numpy()) for x, y in ds]
-        want = list(src.batches(16, shuffle="blocks", seed=6, epoch=epoch, memory_budget=b))
-        assert len(got) == len(want)
-        for (ax, ay), (ex, ey) in zip(got, want):
-            np.testing.assert_array_equal(ax, ex, strict=True)
-            np.testing.assert_array_equal(ay, ey, strict=True)
 
 
 def test_drop_remainder_and_len(data):
