@@ -143,6 +143,19 @@ def test_batches_equal_the_numpy_iterator_and_slicing(tf, src, data, shuffle):
     np.testing.assert_array_equal(np.concatenate([y for _, y in actual]), ref_y[order], strict=True)
 
 
+@pytest.mark.xfail(raises=NotImplementedError, strict=True, reason="blocks in the native tf.data pipeline: next commit")
+@pytest.mark.parametrize("budget", [1, 1 << 30], ids=["key_per_block", "one_block"])
+def test_blocks_equal_the_numpy_iterator(tf, src, data, budget):
+    ds = npyfeed.tf.dataset(src, 8, shuffle="blocks", seed=7, memory_budget=budget)
+    for epoch in range(2):
+        actual = _tf_pass(ds)
+        _assert_batches_equal(actual, list(src.batches(8, shuffle="blocks", seed=7, epoch=epoch, memory_budget=budget)))
+        order = src.epoch_order(epoch, shuffle="blocks", seed=7, memory_budget=budget)
+        assert sorted(order.tolist()) == list(range(SAMPLES))
+        _, ref_y = _reference(data)
+        np.testing.assert_array_equal(np.concatenate([y for _, y in actual]), ref_y[order], strict=True)
+
+
 def test_each_pass_is_a_new_epoch(tf, src, id_of):
     ds = npyfeed.tf.dataset(src, 8, shuffle=True, seed=11)
     passes = [_tf_pass(ds) for _ in range(3)]

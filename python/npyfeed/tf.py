@@ -46,8 +46,9 @@ __all__ = ["dataset"]
 log = logging.getLogger("npyfeed")
 
 
-def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_remainder: bool = False,
-            device: str | None = None, input_context=None, prefetch: int = 2, epoch: int = 0) -> tf.data.Dataset:
+def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, drop_remainder: bool = False,
+            device: str | None = None, input_context=None, prefetch: int = 2, epoch: int = 0,
+            memory_budget: int | None = None) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(x, y)`` batches from `src`; each pass over it is a new epoch.
 
     Parameters
@@ -55,8 +56,10 @@ def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_
     src : WindowSource
     batch_size : int
         Batch size; with `input_context`, the *global* batch size, split evenly over the replicas.
-    shuffle : bool
-        Shuffle the samples: a seeded permutation of all samples per epoch, a new one each pass.
+    shuffle : bool or "blocks"
+        Shuffle the samples: a seeded permutation of all samples per epoch, a new one each pass. ``"blocks"``
+        (data sets larger than RAM): each file read once per epoch, whole, within `memory_budget`; see
+        ``WindowSource.batches``.
     seed : int
         Seed of the permutation (same seed and epoch, same order, on any machine).
     drop_remainder : bool
@@ -104,6 +107,8 @@ def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_
         raise TypeError(f"device must be a device name such as '/gpu:0', not {type(device).__name__}")
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch < 2**62:
         raise ValueError(f"epoch must be an integer in [0, 2**62), got {epoch!r}")
+    if isinstance(shuffle, str):
+        raise NotImplementedError("npyfeed.tf.dataset: shuffle='blocks' is not supported yet")
     # Check every argument here, where an error is readable, not in TensorFlow's thread at the first batch.
     src.batches(batch_size, shuffle=bool(shuffle), seed=seed, num_shards=num_shards, shard_index=shard_index,
                 drop_remainder=bool(drop_remainder), prefetch=prefetch).close()
