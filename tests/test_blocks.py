@@ -208,6 +208,30 @@ def test_memory_budget_respected(data, mode, keys_per_block):
     assert stream.buffered_bytes == 0  # all released at the end
 
 
+@pytest.mark.parametrize("mode", ["mmap", "read", "direct"])
+@pytest.mark.parametrize("writer", ["stored", "deflated"])
+def test_npz_members_are_used_where_the_source_holds_them(data, tmp_path, writer, mode):
+    """.npz factor and label files (stored: mapped in mode 'mmap'; deflated: inflated at open) give the batches of
+    the same arrays in .npy files; nothing is read per block (the members are in memory already)."""
+    save = np.savez if writer == "stored" else np.savez_compressed
+    for sub, arrays in (("f", data.factors), ("l", data.labels)):
+        (tmp_path / sub).mkdir()
+        for key, a in arrays.items():
+            save(tmp_path / sub / f"{key}.npz", a)
+    src = npyfeed.WindowSource(data.index, tmp_path / "f", tmp_path / "l", WINDOW, mode=mode, threads=2)
+    assert all(f.endswith(".npz") for f in src.files)
+    b = budget_of(data, 1.5)
+    order = src.epoch_order(1, shuffle="blocks", seed=6, memory_budget=b)
+    np.testing.assert_array_equal(order, data.open(mode).epoch_order(1, shuffle="blocks", seed=6, memory_budget=b))
+    it = src.batches(16, shuffle="blocks", seed=6, epoch=1, memory_budget=b)
+    stream = it._stream
+    batches = list(it)
+    ref_x, ref_y = data.reference("error", order)
+    np.testing.assert_array_equal(np.concatenate([x for x, _ in batches]), ref_x, strict=True)
+    np.testing.assert_array_equal(np.concatenate([y for _, y in batches]), ref_y, strict=True)
+    assert stream.peak_buffered_bytes == 0
+
+
 @pytest.mark.parametrize("damage", ["deleted", "truncated"])
 @pytest.mark.parametrize("mode", ["mmap", "read", "direct"])
 def test_file_damaged_mid_epoch_names_it(tmp_path, mode, damage):

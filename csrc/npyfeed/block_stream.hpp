@@ -33,8 +33,9 @@ std::vector<std::int64_t> block_epoch_order(const WindowSource& source, std::uin
 /// more (a key larger than half the budget, a batch spanning more than two blocks): then they are the
 /// blocks that batch needs. Batch buffers (prefetch + 2 batches) come on top.
 /// Files of a file source are read whole, with O_DIRECT in modes "direct" and "mmap" (buffered in "read");
-/// an error names the file (deleted, truncated, replaced by an array of another shape). Arrays in memory are
-/// used in place. Thread-safe as BatchStream.
+/// an error names the file (deleted, truncated, replaced by an array of another shape). Arrays in memory, and
+/// members of `.npz` archives (which the source holds in memory or maps), are used in place and not counted.
+/// Thread-safe as BatchStream.
 class BlockStream {
  public:
   using Batch = WindowBatch;

@@ -109,6 +109,9 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   const ArraySource& label_source(std::size_t key) const { return labels_.at(key); }
   /// True for a source over files (start_open), false for arrays in memory.
   bool reads_files() const noexcept { return reads_files_; }
+  /// Whether key `key`'s factor (or label) array is a member of a `.npz` archive: its data is then in memory
+  /// already (inflated or read at open, or a mapping of the archive), never a file of its own to read again.
+  bool in_archive(std::size_t key, bool label) const { return (in_archive_.at(key) >> (label ? 1 : 0)) & 1; }
   /// The samples' ids grouped by key (shuffle='blocks'), built on the first call (one pass over the index) and
   /// kept as long as this source: 4 bytes per sample. Thread-safe. Throws InvalidArgument for 2^32 samples or more.
   std::shared_ptr<const SamplesByKey> samples_by_key() const;
@@ -152,6 +155,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::size_t gather_workers_ = 1;  // threads x the reads in flight any reader asks for, within the descriptor budget
   mutable std::atomic<std::uint64_t> npz_memory_{0};  // bytes of .npz members held in memory
   bool reads_files_ = false;
+  std::vector<std::uint8_t> in_archive_;  // per key: bit 0 factor, bit 1 label opened as a member of a .npz
   mutable std::mutex samples_by_key_mutex_;
   mutable std::shared_ptr<const SamplesByKey> samples_by_key_;  // built on first use (shuffle='blocks')
 };

@@ -11,9 +11,11 @@ namespace npyfeed {
 namespace {
 
 // A file source's array that must be read for a block: anything not already in owned memory (a small label
-// file read whole at open is; a mapping is not: a block never faults pages of a mapping in).
+// file read whole at open is; a mapping of a `.npy` is not: a block never faults pages of a mapping in).
+// Members of a `.npz` are used where the source holds them (inflated or read at open, or, stored in mode
+// 'mmap', a mapping of the archive): there is no file of their own to read.
 bool must_read(const WindowSource& source, std::uint32_t key, bool label) {
-  if (!source.reads_files()) return false;
+  if (!source.reads_files() || source.in_archive(key, label)) return false;
   const ArrayReader& reader = *(label ? source.label_source(key) : source.factor_source(key)).reader;
   return !(reader.view() != nullptr && reader.view_writable());
 }

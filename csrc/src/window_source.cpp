@@ -58,6 +58,7 @@ WindowSource::WindowSource(SampleIndex index, WindowOptions options)
   factors_.resize(keys);
   labels_.resize(keys);
   open_errors_.resize(keys);
+  in_archive_.resize(keys);
   keep_fds_ = fds_fit(2 * keys);
   if (options_.mode == ReadMode::kMmap) {
     // One mapping per file while they fit in the budget; beyond it, files are mapped on demand through a
@@ -120,9 +121,14 @@ ArraySource WindowSource::open_file(const std::string& path, bool label) const {
 void WindowSource::open_key(std::size_t key, const std::string& factor_path, const std::string& label_path) {
   std::string missing;
   // `<key>.npy`, else `<key>.npz` beside it.
+  auto is_npz = [](const std::string& path) {
+    return path.size() >= 4 && path.compare(path.size() - 4, 4, ".npz") == 0;
+  };
   auto open_one = [&](const std::string& path, ArraySource& into, bool label) {
+    const std::uint8_t bit = label ? 2 : 1;
     try {
       into = open_file(path, label);
+      if (is_npz(path)) in_archive_[key] |= bit;
       return;
     } catch (const OsError& e) {
       if (e.error_number() != ENOENT) throw;
@@ -131,6 +137,7 @@ void WindowSource::open_key(std::size_t key, const std::string& factor_path, con
     try {
       if (npy) {
         into = open_file(path.substr(0, path.size() - 4) + ".npz", label);
+        in_archive_[key] |= bit;
         return;
       }
     } catch (const OsError& e) {
