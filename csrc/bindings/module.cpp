@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "npyfeed/batch_stream.hpp"
+#include "npyfeed/block_batches.hpp"
 #include "npyfeed/block_stream.hpp"
 #include "npyfeed/epoch_batches.hpp"
 #include "npyfeed/epoch_order.hpp"
@@ -674,6 +675,29 @@ PYBIND11_MODULE(_core, m) {
       .def("get", [](EpochBatches& batches, std::uint64_t epoch, std::size_t batch) {
         auto [b, job] = without_gil([&] { return batches.start(epoch, batch); });
         wait_interruptibly(job);
+        const WindowSource& s = batches.source();
+        const std::uint32_t out = s.options().out_size;
+        return py::make_tuple(wrap_batch(b.x, b.count, s.x_shape(), out), wrap_batch(b.y, b.count, s.y_shape(), out));
+      });
+
+  // The same for shuffle="blocks": one stream positioned at the next batch; any other position starts a new one.
+  // The constructor groups the samples by key (once per source): without the GIL.
+  py::class_<BlockBatches, std::shared_ptr<BlockBatches>>(m, "BlockBatches")
+      .def(py::init([](std::shared_ptr<WindowSource> source, std::uint64_t memory_budget, std::uint64_t seed,
+                       std::size_t num_shards, std::size_t shard_index, std::size_t batch_size, bool drop_remainder,
+                       std::size_t prefetch) {
+             return without_gil([&] {
+               return std::make_shared<BlockBatches>(std::move(source), memory_budget, seed, num_shards, shard_index,
+                                                     batch_size, drop_remainder, prefetch);
+             });
+           }),
+           py::arg("source"), py::arg("memory_budget"), py::arg("seed"), py::arg("num_shards"), py::arg("shard_index"),
+           py::arg("batch_size"), py::arg("drop_remainder"), py::arg("prefetch"))
+      .def_property_readonly("num_batches", &BlockBatches::num_batches)
+      .def_property_readonly("streams_started", &BlockBatches::streams_started)
+      .def("close", [](BlockBatches& batches) { without_gil([&] { batches.close(); }); })
+      .def("get", [](BlockBatches& batches, std::uint64_t epoch, std::size_t batch) {
+        WindowBatch b = without_gil([&] { return batches.get(epoch, batch); });
         const WindowSource& s = batches.source();
         const std::uint32_t out = s.options().out_size;
         return py::make_tuple(wrap_batch(b.x, b.count, s.x_shape(), out), wrap_batch(b.y, b.count, s.y_shape(), out));

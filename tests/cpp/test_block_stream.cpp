@@ -1,6 +1,8 @@
 // The blocks stream (shuffle="blocks") over files in every read mode and over arrays in memory: batches equal
 // a plain gather of the ids of block_epoch_order, resumed streams equal the tail, the memory held stays
 // within the budget, and a file deleted or truncated after open is an error naming it (no hang).
+// BlockBatches (block_batches.hpp, "batch b of epoch e" over one stream): any order of positions, from any
+// thread, gives the stream's batches; in order it needs one stream per epoch.
 // Mirrors tests/test_blocks.py.
 #include <unistd.h>
 
@@ -10,10 +12,12 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check.hpp"
 #include "npy_writer.hpp"
+#include "npyfeed/block_batches.hpp"
 #include "npyfeed/block_stream.hpp"
 #include "npyfeed/errors.hpp"
 #include "npyfeed/index.hpp"
@@ -169,4 +173,84 @@ TEST_CASE("block stream: a file deleted or truncated after open is an error nami
       stream.close();
     }
   }
+}
+
+namespace {
+
+// Every batch of epoch `epoch` of a blocks stream: (x, y) floats.
+using Floats = std::pair<std::vector<float>, std::vector<float>>;
+std::vector<Floats> stream_batches(const std::shared_ptr<WindowSource>& source, std::uint64_t budget,
+                                   std::uint64_t epoch, std::size_t shards, std::size_t shard, std::size_t batch,
+                                   bool drop_remainder) {
+  BlockStream stream(source, budget, 5, epoch, shards, shard, batch, drop_remainder, 2, 0);
+  std::vector<Floats> out;
+  while (stream.next_job() != nullptr) {
+    WindowBatch b = stream.take();
+    out.emplace_back(floats(*b.x, b.count * kWindow * kCols), floats(*b.y, b.count));
+  }
+  return out;
+}
+
+Floats floats_of(const WindowBatch& b) { return {floats(*b.x, b.count * kWindow * kCols), floats(*b.y, b.count)}; }
+
+}  // namespace
+
+TEST_CASE("block batches: batch b of epoch e is the stream's, in order with one stream per epoch") {
+  TempDir dir;
+  const Files files = write_files(dir);
+  const std::uint64_t budget = 3 * (kFactorBytes + kRows * 4);
+  for (ReadMode mode : {ReadMode::kMmap, ReadMode::kDirect}) {
+    auto source = open_source(files, mode);
+    for (auto [shards, shard, drop] : {std::tuple{1, 0, false}, std::tuple{3, 2, true}}) {
+      BlockBatches batches(source, budget, 5, shards, shard, 9, drop, 2);
+      for (std::uint64_t epoch : {4, 5}) {
+        const auto want = stream_batches(source, budget, epoch, shards, shard, 9, drop);
+        REQUIRE(batches.num_batches() == want.size());
+        for (std::size_t b = 0; b < want.size(); ++b) CHECK(floats_of(batches.get(epoch, b)) == want[b]);
+      }
+      CHECK_EQ(batches.streams_started(), 2u);  // in order: one stream per epoch, none restarted
+      CHECK_THROWS(IndexOutOfRange, batches.get(4, batches.num_batches()));
+    }
+  }
+}
+
+TEST_CASE("block batches: any position (a restore, a jump back, a repeat) gives the stream's batch") {
+  TempDir dir;
+  const Files files = write_files(dir);
+  const std::uint64_t budget = 2 * (kFactorBytes + kRows * 4);
+  auto source = open_source(files, ReadMode::kRead);
+  BlockBatches batches(source, budget, 5, 1, 0, 7, false, 2);
+  const auto e0 = stream_batches(source, budget, 0, 1, 0, 7, false);
+  const auto e1 = stream_batches(source, budget, 1, 1, 0, 7, false);
+  REQUIRE(e0.size() > 20);
+  const std::vector<std::pair<std::uint64_t, std::size_t>> positions{
+      {1, 13}, {1, 14}, {0, 3}, {0, 3}, {1, 0}, {0, e0.size() - 1}, {1, 14}, {1, 15}, {0, 2}};
+  for (auto [epoch, b] : positions) CHECK(floats_of(batches.get(epoch, b)) == (epoch == 0 ? e0 : e1)[b]);
+  // A new stream for every position but those that followed the previous one ((1, 14) after (1, 13), ...).
+  CHECK_EQ(batches.streams_started(), 7u);
+  CHECK_THROWS(InvalidArgument, BlockBatches(source, 0, 5, 1, 0, 7, false, 2));
+  CHECK_THROWS(InvalidArgument, BlockBatches(source, budget, 5, 2, 2, 7, false, 2));
+  CHECK_THROWS(InvalidArgument, BlockBatches(source, budget, 5, 1, 0, 0, false, 2));
+}
+
+TEST_CASE("block batches: threads asking at once each get the batch they asked for") {
+  TempDir dir;
+  const Files files = write_files(dir);
+  const std::uint64_t budget = 2 * (kFactorBytes + kRows * 4);
+  auto source = open_source(files, ReadMode::kMmap);
+  BlockBatches batches(source, budget, 5, 1, 0, 6, false, 2);
+  const auto want = stream_batches(source, budget, 2, 1, 0, 6, false);
+  std::vector<int> ok(4, 1);
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < ok.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (std::size_t b = t; b < want.size(); b += 2) {  // two threads on each half: interleaved positions
+        if (floats_of(batches.get(2, b)) != want[b]) ok[t] = 0;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int v : ok) CHECK(v == 1);
+  batches.close();
+  CHECK(floats_of(batches.get(2, 0)) == want[0]);  // usable after close
 }
