@@ -2,7 +2,8 @@
 
 * resume: an iterator saved with ``tf.train.Checkpoint(iterator=it)`` and restored in a NEW process yields the
   batches an uninterrupted run yields next (bit for bit, across the epoch boundary), for a shuffled and an
-  in-order ``repeat()``, a shard with ``drop_remainder``, one from ``epoch=2``; the checkpoint holds positions;
+  in-order ``repeat()``, a shard with ``drop_remainder``, one from ``epoch=2``, and ``shuffle="blocks"`` (the
+  same cases, with budgets of one and two keys per block); the checkpoint holds positions;
 * no leak: 100 datasets over 100 WindowSources, built, read and dropped, leave no source, mapping, descriptor
   or batch memory behind;
 * several workers: 2 processes on loopback ports under ``MultiWorkerMirroredStrategy`` (TF_CONFIG), with
@@ -66,7 +67,9 @@ def _finish(proc: subprocess.Popen, name: str) -> str:
 
 #: name -> (dataset keyword arguments, (num_input_pipelines, input_pipeline_id) or None, repeat, batches
 #: taken before the checkpoint). 37 samples: 5 batches of 8 per epoch; shard 1 of 2 (18 samples) with the
-#: per-replica batch 4 and drop_remainder: 4 batches.
+#: per-replica batch 4 and drop_remainder: 4 batches. Each shuffled case also runs with shuffle="blocks" (a key
+#: is 1600 bytes of arrays: budget 1 puts one key in a block, 6400 two), where a restored iterator starts a new
+#: stream at its batch, mid-block.
 CASES = {
     "shuffled_repeat": (dict(batch_size=8, shuffle=True, seed=3), None, True, 7),
     "in_order_repeat": (dict(batch_size=8), None, True, 4),
@@ -74,6 +77,10 @@ CASES = {
     "at_the_epoch_boundary": (dict(batch_size=8, shuffle=True, seed=3), None, True, 10),
     "from_epoch_2": (dict(batch_size=8, shuffle=True, seed=3, epoch=2), None, True, 6),
 }
+for _name, (_kwargs, _shard, _repeat, _before) in list(CASES.items()):
+    if _kwargs.get("shuffle"):
+        _budget = 1 if _before % 2 else 6400
+        CASES["blocks_" + _name] = (dict(_kwargs, shuffle="blocks", memory_budget=_budget), _shard, _repeat, _before)
 AFTER = 8  # batches compared after the checkpoint (fewer for a single pass: the rest of it)
 
 _CHECKPOINT = f"""
