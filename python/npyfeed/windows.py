@@ -364,7 +364,8 @@ class WindowSource:
         memory_budget : int
             With ``shuffle="blocks"``: bytes of array data held at once (two blocks: one consumed while the
             next is read). It also decides the order, so keep it fixed to reproduce an epoch. Batch buffers,
-            and a key larger than half the budget, come on top.
+            and a key larger than half the budget, come on top; so do the samples grouped by key (4 bytes per
+            sample), which the source builds at its first blocks epoch and keeps for every later one.
         num_shards, shard_index
             This iterator's part of the epoch (e.g. one per worker).
         drop_remainder : bool
