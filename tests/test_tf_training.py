@@ -4,8 +4,8 @@
   batches an uninterrupted run yields next (bit for bit, across the epoch boundary), for a shuffled and an
   in-order ``repeat()``, a shard with ``drop_remainder``, one from ``epoch=2``, and ``shuffle="blocks"`` (the
   same cases, with budgets of one and two keys per block); the checkpoint holds positions;
-* no leak: 100 datasets over 100 WindowSources, built, read and dropped, leave no source, mapping, descriptor
-  or batch memory behind;
+* no leak (global shuffle and blocks): 100 datasets over 100 WindowSources, built, read and dropped, leave no
+  source, mapping, descriptor or batch memory behind;
 * several workers: 2 processes on loopback ports under ``MultiWorkerMirroredStrategy`` (TF_CONFIG), with
   ``distribute_datasets_from_function``: every sample exactly once per epoch, and a custom training loop.
 
@@ -164,7 +164,8 @@ _LEAK = """
 import gc, weakref
 import tensorflow as tf
 import npyfeed.tf
-directory = sys.argv[1]
+directory, shuffle = sys.argv[1], sys.argv[2]
+shuffle = shuffle if shuffle == "blocks" else True
 data = os.path.join(directory, "factor", "k0.npy")
 
 def mapped():
@@ -183,7 +184,7 @@ def one_round():
     src = npyfeed.WindowSource(os.path.join(directory, "index.txt"), os.path.join(directory, "factor"),
                                os.path.join(directory, "label"), 50, mode="mmap")
     assert mapped() >= 1 and fds() >= 0
-    ds = npyfeed.tf.dataset(src, 64, shuffle=True, seed=1)
+    ds = npyfeed.tf.dataset(src, 64, shuffle=shuffle, seed=1, memory_budget=1 << 20)
     for i, (x, y) in enumerate(ds.repeat()):  # a pass, and the start of a second one (batches in flight)
         if i == 6:
             break
@@ -202,7 +203,8 @@ print(json.dumps(dict(alive=alive, mapped=mapped(), fds=fds(), grown=rss() - bas
 
 
 @pytest.mark.slow
-def test_dropped_datasets_leave_nothing_behind(tmp_path):
+@pytest.mark.parametrize("shuffle", ["global", "blocks"])
+def test_dropped_datasets_leave_nothing_behind(tmp_path, shuffle):
     # One key, T=4000 rows of 64 float32 (1 MB), 320 samples of W=50: a batch of 64 holds 800 KB.
     rng = np.random.default_rng(0)
     (tmp_path / "factor").mkdir()
@@ -211,12 +213,13 @@ def test_dropped_datasets_leave_nothing_behind(tmp_path):
     np.save(tmp_path / "label" / "k0.npy", rng.standard_normal((4000, 2)).astype(np.float32))
     lines = [f"{f},{f},k0" for f in rng.integers(49, 4000, 320)]
     (tmp_path / "index.txt").write_text("\n".join(lines) + "\n")
-    out = _finish(_run(_LEAK, tmp_path), "leak")
+    out = _finish(_run(_LEAK, tmp_path, shuffle), "leak")
     result = json.loads(out.splitlines()[-1])
     assert result["alive"] == 0, result  # every WindowSource was freed
     assert result["mapped"] == 0, result  # and with it its mappings
     assert result["fds"] == 0, result  # and descriptors
-    # 100 rounds that each held 7+ batches of 800 KB: a leaked batch or source per round would be 80+ MB.
+    # 100 rounds that each held 7+ batches of 800 KB (blocks: and the key's 1 MB block): a leaked batch, block or
+    # source per round would be 80+ MB.
     assert result["grown"] < 40 * 2**20, result
 
 
