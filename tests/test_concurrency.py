@@ -250,6 +250,8 @@ _INTERRUPT = textwrap.dedent("""
     import numpy as np
     import npyfeed
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job of a shell starts with SIGINT ignored
+
     paths = sys.argv[1:]
     first = np.load(paths[0])
     interrupt = None
@@ -289,6 +291,8 @@ def test_ctrl_c_interrupts_a_long_load(big_dataset):
 _INTERRUPT_LATENCY = textwrap.dedent("""
     import json, os, signal, sys, threading, time, traceback
     import npyfeed
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job of a shell starts with SIGINT ignored
 
     path, long_load_s = sys.argv[1], float(sys.argv[2])
     start = time.perf_counter()
@@ -333,6 +337,8 @@ def test_ctrl_c_latency(tmp_path, write_npy):
 _INTERRUPT_SHORT_LOADS = textwrap.dedent("""
     import collections, os, signal, sys, threading, time
     import npyfeed
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job of a shell starts with SIGINT ignored
 
     path = sys.argv[1]
     start = time.perf_counter()

@@ -75,9 +75,11 @@ def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("placement")
     (d / "f").mkdir()
     (d / "l").mkdir()
+    (d / "z").mkdir()
     lines = []
     for key in ("a", "b", "c", "d"):
         np.save(d / "f" / f"{key}.npy", np.ones((3000, 8), dtype=np.float32))
+        np.savez_compressed(d / "z" / f"{key}.npz", x=np.ones((3000, 8), dtype=np.float32), y=np.zeros(3000))
         np.save(d / "l" / f"{key}.npy", np.ones(3000, dtype=np.float32))
         lines += [f"{r},{r},{key}" for r in range(10, 3000, 7)]
     (d / "index.txt").write_text("\n".join(lines) + "\n")
@@ -118,6 +120,9 @@ PLACED = """
         s.get(np.arange(len(s)))
     elif args["api"] == "load_factor_files":
         npyfeed.load_factor_files(files, cpus=[args["cpu"]], nice=args["nice"], io_priority="idle", threads=3)
+    elif args["api"] == "load_many_npz":  # archives: members inflated on the placed pool
+        archives = [os.path.join(d, "z", k + ".npz") for k in "abcd"]
+        npyfeed.load_many(archives, cpus=[args["cpu"]], nice=args["nice"], io_priority="idle", threads=3)
     else:
         getattr(npyfeed, args["api"])(files if args["api"] == "load_many" else files[0], cpus=[args["cpu"]],
                                       nice=args["nice"], io_priority="idle", threads=3, mode="mmap", populate=True)
@@ -131,7 +136,8 @@ PLACED = """
 """
 
 
-@pytest.mark.parametrize("api", ["WindowSource", "from_arrays", "load", "load_many", "load_factor_files"])
+@pytest.mark.parametrize("api", ["WindowSource", "from_arrays", "load", "load_many", "load_factor_files",
+                                 "load_many_npz"])
 def test_only_npyfeed_threads_of_that_call_are_placed(data, api):
     cpu, other_cpu = cpu_choice()
     nice = min(os.getpriority(os.PRIO_PROCESS, 0) + 5, 19)

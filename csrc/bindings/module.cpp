@@ -280,9 +280,9 @@ py::str npz_member_key(const ZipMember& member, const std::string& archive) {
 
 // [[(key, array), ...] per archive]: every member of every archive, read or inflated in parallel.
 py::list load_npz_many(const std::vector<std::string>& paths, const std::string& mode, std::size_t threads,
-                       std::size_t max_header_size, bool populate) {
+                       std::size_t max_header_size, bool populate, const Placement& placement) {
   NpzLoad load(paths, load_options(mode, threads, max_header_size, populate));
-  ThreadPool& pool = shared_pool();
+  ThreadPool& pool = *without_gil([&] { return &shared_pool(0, placement); });
   wait_interruptibly(load.start_directories(pool));
   wait_interruptibly(load.start_members(pool));
   py::list out;
@@ -563,8 +563,15 @@ PYBIND11_MODULE(_core, m) {
       py::arg("progress") = nullptr, py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(),
       py::arg("io_priority") = py::none());
 
-  m.def("load_npz_many", &load_npz_many, py::arg("paths"), py::arg("mode"), py::arg("threads"),
-        py::arg("max_header_size"), py::arg("populate"));
+  m.def(
+      "load_npz_many",
+      [](const std::vector<std::string>& paths, const std::string& mode, std::size_t threads,
+         std::size_t max_header_size, bool populate, const std::vector<int>& cpus, std::optional<int> nice,
+         std::optional<std::pair<int, int>> io_priority) {
+        return load_npz_many(paths, mode, threads, max_header_size, populate, placement_of(cpus, nice, io_priority));
+      },
+      py::arg("paths"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"), py::arg("populate"),
+      py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(), py::arg("io_priority") = py::none());
   m.def("read_npz_headers", &read_npz_headers, py::arg("path"), py::arg("max_header_size"));
   m.attr("have_inflate") = have_inflate();
 

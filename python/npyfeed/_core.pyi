@@ -23,7 +23,14 @@ def load_many(
     io_priority: tuple[int, int] | None = None,
 ) -> list[tuple[np.ndarray, bool]]: ...
 def load_npz_many(
-    paths: Sequence[str], mode: str, threads: int, max_header_size: int, populate: bool
+    paths: Sequence[str],
+    mode: str,
+    threads: int,
+    max_header_size: int,
+    populate: bool,
+    cpus: Sequence[int] = ...,
+    nice: int | None = None,
+    io_priority: tuple[int, int] | None = None,
 ) -> list[list[tuple[str, np.ndarray]]]: ...
 def read_npz_headers(path: str, max_header_size: int) -> list[tuple[str, dict, str, int]]: ...
 

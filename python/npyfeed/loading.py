@@ -179,8 +179,8 @@ def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None
     finally:
         if bar is not None:
             bar.close()
-    loaded = iter(npz.load_archives([_native(p) for p in archives], core_mode, nthreads, max_header_size, populate)
-                  if archives else [])
+    loaded = iter(npz.load_archives([_native(p) for p in archives], core_mode, nthreads, max_header_size, populate,
+                                    **placement) if archives else [])
     results = iter(results)
     arrays = []
     for path in paths:

@@ -26,9 +26,11 @@ def archive_stem(path: str) -> str:
     return name[:-4] if name.endswith(".npz") else name
 
 
-def load_archives(native_paths: list, mode: str, threads: int, max_header_size: int, populate: bool) -> list:
-    """One ``{key: array}`` dict per archive, in directory order; `mode` already resolved ("mmap"/"read"/"direct")."""
-    loaded = _core.load_npz_many(native_paths, mode, threads, max_header_size, populate)
+def load_archives(native_paths: list, mode: str, threads: int, max_header_size: int, populate: bool,
+                  **placement) -> list:
+    """One ``{key: array}`` dict per archive, in directory order; `mode` already resolved ("mmap"/"read"/"direct"),
+    `placement` that of `_threads.resolve_placement` (the pool the members are read and inflated on)."""
+    loaded = _core.load_npz_many(native_paths, mode, threads, max_header_size, populate, **placement)
     return [dict(members) for members in loaded]
 
 

@@ -26,9 +26,9 @@ Zero copy: TensorFlow adopts a 64-byte-aligned numpy array returned by a ``numpy
 it (and copies any other; numpy's own large allocations sit at 16 mod 64). Batch buffers are 64-byte aligned,
 and a buffer is reused only after every reference to its batch, TensorFlow's included, is gone.
 
-Shutdown: a ``numpy_function`` call that is in flight when the interpreter starts finalizing never finishes
+Shutdown: a ``numpy_function`` call that is in flight when the interpreter starts finalizing may never finish
 (CPython ends a thread that asks for the GIL after finalization began), so the iterator's destructor, run by
-the main thread during finalization, waits for it forever. An `atexit` hook, which runs while other threads
+the main thread during finalization, can wait for it forever (timing-dependent). An `atexit` hook, which runs while other threads
 can still take the GIL, therefore makes further gathers fail at once and waits (GIL released) until no gather
 is in flight and the pipelines have gone quiet.
 """
