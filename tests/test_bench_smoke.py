@@ -77,3 +77,24 @@ def test_bench_npz_quick(tmp_path):
             assert {(fmt, "np.load loop", cache), (fmt, "npyfeed read", cache)} <= seen
     disk = {r["format"]: r["disk_bytes"] for r in result["results"]}
     assert disk["npz deflated"] < disk["npy"]  # the generated factors do compress
+
+
+def test_bench_stream_quick(tmp_path):
+    out = tmp_path / "stream.json"
+    proc = run_bench("bench_stream.py", tmp_path, "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "cold blocks direct" in proc.stdout and "targets (issue 10" in proc.stdout
+    result = json.loads(out.read_text())
+    for name in ("warm global mmap", "cold global mmap", "cold global read", "cold blocks direct"):
+        r = result["results"][name]
+        assert "error" not in r, r
+        assert r["samples"] == r["epoch_samples"] > 0  # the whole (tiny) epoch
+        assert r["peak_private"] > 0 and r["first_batch_s"] is not None
+
+
+def test_bench_shuffle_quality_quick():
+    proc = subprocess.run([sys.executable, str(BENCH_DIR / "bench_shuffle_quality.py"), "--quick"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = {line.split("  ")[0]: line for line in proc.stdout.splitlines()}
+    assert "global shuffle" in lines and any(k.startswith("blocks, 1 keys/block") for k in lines), proc.stdout

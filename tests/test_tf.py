@@ -143,6 +143,39 @@ def test_batches_equal_the_numpy_iterator_and_slicing(tf, src, data, shuffle):
     np.testing.assert_array_equal(np.concatenate([y for _, y in actual]), ref_y[order], strict=True)
 
 
+@pytest.mark.parametrize("budget", [1, 1 << 30], ids=["key_per_block", "one_block"])
+def test_blocks_equal_the_numpy_iterator(tf, src, data, budget):
+    ds = npyfeed.tf.dataset(src, 8, shuffle="blocks", seed=7, memory_budget=budget)
+    for epoch in range(2):
+        actual = _tf_pass(ds)
+        _assert_batches_equal(actual, list(src.batches(8, shuffle="blocks", seed=7, epoch=epoch, memory_budget=budget)))
+        order = src.epoch_order(epoch, shuffle="blocks", seed=7, memory_budget=budget)
+        assert sorted(order.tolist()) == list(range(SAMPLES))
+        _, ref_y = _reference(data)
+        np.testing.assert_array_equal(np.concatenate([y for _, y in actual]), ref_y[order], strict=True)
+    # TensorFlow asked for the positions in order: one stream per pass, none started again.
+    assert ds._npyfeed_batches.streams_started == 2
+
+
+@pytest.mark.parametrize("budget", [1, 5000], ids=["key_per_block", "two_keys_per_block"])
+def test_blocks_repeat_and_input_context_shards(tf, src, id_of, budget):
+    epochs = 3
+    seen = [[] for _ in range(epochs)]
+    for i in range(2):
+        ds = npyfeed.tf.dataset(src, 8, shuffle="blocks", seed=5, memory_budget=budget, input_context=_context(tf, i))
+        actual = _tf_pass(ds.repeat(epochs))
+        per_epoch = [list(src.batches(4, shuffle="blocks", seed=5, epoch=e, num_shards=2, shard_index=i,
+                                      memory_budget=budget)) for e in range(epochs)]
+        _assert_batches_equal(actual, [b for batches in per_epoch for b in batches])
+        assert ds._npyfeed_batches.streams_started == epochs  # in order, epoch after epoch
+        at = 0
+        for e, batches in enumerate(per_epoch):
+            seen[e] += [id_of[j] for _, y in actual[at:at + len(batches)] for j in _ids(y)]
+            at += len(batches)
+    for e in range(epochs):
+        assert sorted(seen[e]) == list(range(SAMPLES)), f"epoch {e}"
+
+
 def test_each_pass_is_a_new_epoch(tf, src, id_of):
     ds = npyfeed.tf.dataset(src, 8, shuffle=True, seed=11)
     passes = [_tf_pass(ds) for _ in range(3)]
@@ -290,7 +323,10 @@ def test_prefetch_to_device_values(tf, src):
     (dict(batch_size=4, prefetch=0), ValueError),
     (dict(batch_size=4, seed=-1, shuffle=True), ValueError),
     (dict(batch_size=4, device=0), TypeError),
-], ids=["batch_size", "prefetch", "seed", "device"])
+    (dict(batch_size=4, shuffle="bricks"), ValueError),
+    (dict(batch_size=4, shuffle="blocks", memory_budget=0), ValueError),
+    (dict(batch_size=4, shuffle="blocks", seed=-1), ValueError),
+], ids=["batch_size", "prefetch", "seed", "device", "shuffle", "memory_budget", "blocks_seed"])
 def test_bad_arguments_fail_at_construction(tf, src, kwargs, error):
     with pytest.raises(error):
         npyfeed.tf.dataset(src, **kwargs)

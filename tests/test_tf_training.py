@@ -2,9 +2,10 @@
 
 * resume: an iterator saved with ``tf.train.Checkpoint(iterator=it)`` and restored in a NEW process yields the
   batches an uninterrupted run yields next (bit for bit, across the epoch boundary), for a shuffled and an
-  in-order ``repeat()``, a shard with ``drop_remainder``, one from ``epoch=2``; the checkpoint holds positions;
-* no leak: 100 datasets over 100 WindowSources, built, read and dropped, leave no source, mapping, descriptor
-  or batch memory behind;
+  in-order ``repeat()``, a shard with ``drop_remainder``, one from ``epoch=2``, and ``shuffle="blocks"`` (the
+  same cases, with budgets of one and two keys per block); the checkpoint holds positions;
+* no leak (global shuffle and blocks): 100 datasets over 100 WindowSources, built, read and dropped, leave no
+  source, mapping, descriptor or batch memory behind;
 * several workers: 2 processes on loopback ports under ``MultiWorkerMirroredStrategy`` (TF_CONFIG), with
   ``distribute_datasets_from_function``: every sample exactly once per epoch, and a custom training loop.
 
@@ -66,7 +67,9 @@ def _finish(proc: subprocess.Popen, name: str) -> str:
 
 #: name -> (dataset keyword arguments, (num_input_pipelines, input_pipeline_id) or None, repeat, batches
 #: taken before the checkpoint). 37 samples: 5 batches of 8 per epoch; shard 1 of 2 (18 samples) with the
-#: per-replica batch 4 and drop_remainder: 4 batches.
+#: per-replica batch 4 and drop_remainder: 4 batches. Each shuffled case also runs with shuffle="blocks" (a key
+#: is 1600 bytes of arrays: budget 1 puts one key in a block, 6400 two), where a restored iterator starts a new
+#: stream at its batch, mid-block.
 CASES = {
     "shuffled_repeat": (dict(batch_size=8, shuffle=True, seed=3), None, True, 7),
     "in_order_repeat": (dict(batch_size=8), None, True, 4),
@@ -74,6 +77,10 @@ CASES = {
     "at_the_epoch_boundary": (dict(batch_size=8, shuffle=True, seed=3), None, True, 10),
     "from_epoch_2": (dict(batch_size=8, shuffle=True, seed=3, epoch=2), None, True, 6),
 }
+for _name, (_kwargs, _shard, _repeat, _before) in list(CASES.items()):
+    if _kwargs.get("shuffle"):
+        _budget = 1 if _before % 2 else 6400
+        CASES["blocks_" + _name] = (dict(_kwargs, shuffle="blocks", memory_budget=_budget), _shard, _repeat, _before)
 AFTER = 8  # batches compared after the checkpoint (fewer for a single pass: the rest of it)
 
 _CHECKPOINT = f"""
@@ -157,7 +164,8 @@ _LEAK = """
 import gc, weakref
 import tensorflow as tf
 import npyfeed.tf
-directory = sys.argv[1]
+directory, shuffle = sys.argv[1], sys.argv[2]
+shuffle = shuffle if shuffle == "blocks" else True
 data = os.path.join(directory, "factor", "k0.npy")
 
 def mapped():
@@ -176,7 +184,7 @@ def one_round():
     src = npyfeed.WindowSource(os.path.join(directory, "index.txt"), os.path.join(directory, "factor"),
                                os.path.join(directory, "label"), 50, mode="mmap")
     assert mapped() >= 1 and fds() >= 0
-    ds = npyfeed.tf.dataset(src, 64, shuffle=True, seed=1)
+    ds = npyfeed.tf.dataset(src, 64, shuffle=shuffle, seed=1, memory_budget=1 << 20)
     for i, (x, y) in enumerate(ds.repeat()):  # a pass, and the start of a second one (batches in flight)
         if i == 6:
             break
@@ -195,7 +203,8 @@ print(json.dumps(dict(alive=alive, mapped=mapped(), fds=fds(), grown=rss() - bas
 
 
 @pytest.mark.slow
-def test_dropped_datasets_leave_nothing_behind(tmp_path):
+@pytest.mark.parametrize("shuffle", ["global", "blocks"])
+def test_dropped_datasets_leave_nothing_behind(tmp_path, shuffle):
     # One key, T=4000 rows of 64 float32 (1 MB), 320 samples of W=50: a batch of 64 holds 800 KB.
     rng = np.random.default_rng(0)
     (tmp_path / "factor").mkdir()
@@ -204,12 +213,13 @@ def test_dropped_datasets_leave_nothing_behind(tmp_path):
     np.save(tmp_path / "label" / "k0.npy", rng.standard_normal((4000, 2)).astype(np.float32))
     lines = [f"{f},{f},k0" for f in rng.integers(49, 4000, 320)]
     (tmp_path / "index.txt").write_text("\n".join(lines) + "\n")
-    out = _finish(_run(_LEAK, tmp_path), "leak")
+    out = _finish(_run(_LEAK, tmp_path, shuffle), "leak")
     result = json.loads(out.splitlines()[-1])
     assert result["alive"] == 0, result  # every WindowSource was freed
     assert result["mapped"] == 0, result  # and with it its mappings
     assert result["fds"] == 0, result  # and descriptors
-    # 100 rounds that each held 7+ batches of 800 KB: a leaked batch or source per round would be 80+ MB.
+    # 100 rounds that each held 7+ batches of 800 KB (blocks: and the key's 1 MB block): a leaked batch, block or
+    # source per round would be 80+ MB.
     assert result["grown"] < 40 * 2**20, result
 
 

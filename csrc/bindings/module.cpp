@@ -10,6 +10,8 @@
 #include <type_traits>
 
 #include "npyfeed/batch_stream.hpp"
+#include "npyfeed/block_batches.hpp"
+#include "npyfeed/block_stream.hpp"
 #include "npyfeed/epoch_batches.hpp"
 #include "npyfeed/epoch_order.hpp"
 #include "npyfeed/errors.hpp"
@@ -376,14 +378,13 @@ WindowOptions window_options(std::int64_t window, const std::string& dtype, cons
   return o;
 }
 
-class PyBatchStream {
+// A BatchStream (or a BlockStream, shuffle="blocks") as a Python iterator.
+template <class Stream>
+class PyStream {
  public:
-  PyBatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size, bool drop_remainder,
-                std::size_t prefetch, std::size_t start_batch)
-      : source_(source),
-        stream_(std::make_unique<BatchStream>(std::move(source), std::move(order), batch_size, drop_remainder, prefetch,
-                                              start_batch)) {}
-  ~PyBatchStream() {
+  PyStream(std::shared_ptr<WindowSource> source, std::unique_ptr<Stream> stream)
+      : source_(std::move(source)), stream_(std::move(stream)) {}
+  ~PyStream() {
     // Waiting for read-ahead in flight takes a few ms; during interpreter exit keep the GIL for it
     // (this may be a thread that could not take it back).
     if (interpreter_finalizing()) {
@@ -397,7 +398,7 @@ class PyBatchStream {
     std::shared_ptr<Job> job = without_gil([&] { return stream_->next_job(); });
     if (!job) throw py::stop_iteration();
     wait_for_batch(*job);
-    BatchStream::Batch batch = without_gil([&] { return stream_->take(); });
+    WindowBatch batch = without_gil([&] { return stream_->take(); });
     if (!batch.x) throw py::stop_iteration();  // closed by another thread while we waited
     const std::uint32_t out = source_->options().out_size;
     return py::make_tuple(wrap_batch(batch.x, batch.count, source_->x_shape(), out),
@@ -407,6 +408,7 @@ class PyBatchStream {
     if (stream_) without_gil([&] { stream_->close(); });
   }
   std::size_t num_batches() const { return stream_ ? stream_->num_batches() : 0; }
+  Stream& stream() { return *stream_; }
 
  private:
   // Like wait_interruptibly, but the stream owns the batch memory: an interrupt leaves the job to it.
@@ -417,8 +419,10 @@ class PyBatchStream {
   }
 
   std::shared_ptr<WindowSource> source_;
-  std::unique_ptr<BatchStream> stream_;
+  std::unique_ptr<Stream> stream_;
 };
+using PyBatchStream = PyStream<BatchStream>;
+using PyBlockStream = PyStream<BlockStream>;
 
 std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::vector<std::string>& factor_paths,
                                                 const std::vector<std::string>& label_paths, std::int64_t window,
@@ -627,17 +631,45 @@ PYBIND11_MODULE(_core, m) {
              return py::make_tuple(wrap_batch(batch.x, batch.count, s->x_shape(), out),
                                    wrap_batch(batch.y, batch.count, s->y_shape(), out));
            })
-      .def("stream", [](const std::shared_ptr<WindowSource>& s, bool shuffle, std::uint64_t seed, std::uint64_t epoch,
-                        std::size_t num_shards, std::size_t shard_index, std::size_t batch_size, bool drop_remainder,
-                        std::size_t prefetch, std::size_t start_batch) {
-        EpochOrder order(s->size(), shuffle, seed, epoch, num_shards, shard_index);
-        return std::make_unique<PyBatchStream>(s, std::move(order), batch_size, drop_remainder, prefetch, start_batch);
+      .def("stream",
+           [](const std::shared_ptr<WindowSource>& s, bool shuffle, std::uint64_t seed, std::uint64_t epoch,
+              std::size_t num_shards, std::size_t shard_index, std::size_t batch_size, bool drop_remainder,
+              std::size_t prefetch, std::size_t start_batch) {
+             EpochOrder order(s->size(), shuffle, seed, epoch, num_shards, shard_index);
+             return std::make_unique<PyBatchStream>(
+                 s,
+                 std::make_unique<BatchStream>(s, std::move(order), batch_size, drop_remainder, prefetch, start_batch));
+           })
+      .def("block_stream",
+           [](const std::shared_ptr<WindowSource>& s, std::uint64_t memory_budget, std::uint64_t seed,
+              std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index, std::size_t batch_size,
+              bool drop_remainder, std::size_t prefetch, std::size_t start_batch) {
+             auto stream = without_gil([&] {
+               return std::make_unique<BlockStream>(s, memory_budget, seed, epoch, num_shards, shard_index, batch_size,
+                                                    drop_remainder, prefetch, start_batch);
+             });
+             return std::make_unique<PyBlockStream>(s, std::move(stream));
+           })
+      .def("block_epoch_order", [](const std::shared_ptr<WindowSource>& s, std::uint64_t memory_budget,
+                                   std::uint64_t seed, std::uint64_t epoch, std::size_t num_shards,
+                                   std::size_t shard_index) {
+        std::vector<std::int64_t> order =
+            without_gil([&] { return block_epoch_order(*s, memory_budget, seed, epoch, num_shards, shard_index); });
+        return py::array_t<std::int64_t>(order.size(), order.data());
       });
 
   py::class_<PyBatchStream>(m, "BatchStream")
       .def("__next__", &PyBatchStream::next)
       .def("close", &PyBatchStream::close)
       .def_property_readonly("num_batches", &PyBatchStream::num_batches);
+
+  py::class_<PyBlockStream>(m, "BlockStream")
+      .def("__next__", &PyBlockStream::next)
+      .def("close", &PyBlockStream::close)
+      .def_property_readonly("num_batches", &PyBlockStream::num_batches)
+      .def_property_readonly("buffered_bytes", [](PyBlockStream& s) { return s.stream().buffered_bytes(); })
+      .def_property_readonly("peak_buffered_bytes", [](PyBlockStream& s) { return s.stream().peak_buffered_bytes(); })
+      .def_property_readonly("num_blocks", [](PyBlockStream& s) { return s.stream().plan().num_blocks(); });
 
   // Batch b of epoch e on demand (npyfeed.tf's checkpointable pipeline): one call per batch, GIL released while
   // it gathers, so several TensorFlow threads may each wait for one.
@@ -650,6 +682,29 @@ PYBIND11_MODULE(_core, m) {
       .def("get", [](EpochBatches& batches, std::uint64_t epoch, std::size_t batch) {
         auto [b, job] = without_gil([&] { return batches.start(epoch, batch); });
         wait_interruptibly(job);
+        const WindowSource& s = batches.source();
+        const std::uint32_t out = s.options().out_size;
+        return py::make_tuple(wrap_batch(b.x, b.count, s.x_shape(), out), wrap_batch(b.y, b.count, s.y_shape(), out));
+      });
+
+  // The same for shuffle="blocks": one stream positioned at the next batch; any other position starts a new one.
+  // The constructor groups the samples by key (once per source): without the GIL.
+  py::class_<BlockBatches, std::shared_ptr<BlockBatches>>(m, "BlockBatches")
+      .def(py::init([](std::shared_ptr<WindowSource> source, std::uint64_t memory_budget, std::uint64_t seed,
+                       std::size_t num_shards, std::size_t shard_index, std::size_t batch_size, bool drop_remainder,
+                       std::size_t prefetch) {
+             return without_gil([&] {
+               return std::make_shared<BlockBatches>(std::move(source), memory_budget, seed, num_shards, shard_index,
+                                                     batch_size, drop_remainder, prefetch);
+             });
+           }),
+           py::arg("source"), py::arg("memory_budget"), py::arg("seed"), py::arg("num_shards"), py::arg("shard_index"),
+           py::arg("batch_size"), py::arg("drop_remainder"), py::arg("prefetch"))
+      .def_property_readonly("num_batches", &BlockBatches::num_batches)
+      .def_property_readonly("streams_started", &BlockBatches::streams_started)
+      .def("close", [](BlockBatches& batches) { without_gil([&] { batches.close(); }); })
+      .def("get", [](BlockBatches& batches, std::uint64_t epoch, std::size_t batch) {
+        WindowBatch b = without_gil([&] { return batches.get(epoch, batch); });
         const WindowSource& s = batches.source();
         const std::uint32_t out = s.options().out_size;
         return py::make_tuple(wrap_batch(b.x, b.count, s.x_shape(), out), wrap_batch(b.y, b.count, s.y_shape(), out));

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,8 @@
 #include "npyfeed/thread_pool.hpp"
 
 namespace npyfeed {
+
+struct SamplesByKey;  // block_order.hpp
 
 enum class Bounds {
   kError,  // a window or label row outside its array is an error at construction
@@ -53,6 +56,13 @@ struct WindowBatch {
   std::shared_ptr<AlignedBuffer> x;
   std::shared_ptr<AlignedBuffer> y;
   std::size_t count = 0;
+};
+
+/// Arrays that stand in for a source's own in one gather (shuffle="blocks": files read whole into memory).
+/// Indexed by key; only the keys of the gathered samples need a reader.
+struct KeyArrays {
+  std::vector<ArraySource> factors;
+  std::vector<ArraySource> labels;
 };
 
 class WindowSource : public std::enable_shared_from_this<WindowSource> {
@@ -93,15 +103,31 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   /// demand, least recently used unmapped first); 0 when every file has its own mapping.
   std::size_t mapping_limit() const noexcept { return mappings_ ? mappings_->capacity() : 0; }
 
+  /// Keys and their arrays (for BlockStream).
+  std::size_t num_keys() const noexcept { return factors_.size(); }
+  const ArraySource& factor_source(std::size_t key) const { return factors_.at(key); }
+  const ArraySource& label_source(std::size_t key) const { return labels_.at(key); }
+  /// True for a source over files (start_open), false for arrays in memory.
+  bool reads_files() const noexcept { return reads_files_; }
+  /// Whether key `key`'s factor (or label) array is a member of a `.npz` archive: its data is then in memory
+  /// already (inflated or read at open, or a mapping of the archive), never a file of its own to read again.
+  bool in_archive(std::size_t key, bool label) const { return (in_archive_.at(key) >> (label ? 1 : 0)) & 1; }
+  /// The samples' ids grouped by key (shuffle='blocks'), built on the first call (one pass over the index) and
+  /// kept as long as this source: 4 bytes per sample. Thread-safe. Throws InvalidArgument for 2^32 samples or more.
+  std::shared_ptr<const SamplesByKey> samples_by_key() const;
+
   /// Throws IndexOutOfRange naming the first id outside [0, size()).
   void check_ids(const std::vector<std::int64_t>& sample_ids) const;
   /// Starts gathering `count` samples (ids into [0, size())) into x and y, which must hold
   /// count * x_sample_bytes() and count * y_sample_bytes(). Throws IndexOutOfRange for a bad id (before starting).
-  std::shared_ptr<Job> start_gather(ThreadPool& pool, std::vector<std::int64_t> sample_ids, std::byte* x, std::byte* y);
+  /// With `arrays`, reads those instead of the source's own; the caller keeps them alive until the job finished.
+  std::shared_ptr<Job> start_gather(ThreadPool& pool, std::vector<std::int64_t> sample_ids, std::byte* x, std::byte* y,
+                                    const KeyArrays* arrays = nullptr);
   /// Allocates a batch for `sample_ids` (from `buffers` when given) and starts gathering into it; the batch
   /// is complete once the job finished. Throws IndexOutOfRange for a bad id (before starting).
   std::pair<WindowBatch, std::shared_ptr<Job>> start_batch(ThreadPool& pool, std::vector<std::int64_t> sample_ids,
-                                                           BufferPool* buffers = nullptr);
+                                                           BufferPool* buffers = nullptr,
+                                                           const KeyArrays* arrays = nullptr);
 
  private:
   void open_key(std::size_t key, const std::string& factor_path, const std::string& label_path);
@@ -128,6 +154,10 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::shared_ptr<MappingCache> mappings_;  // mmap with more files than the mapping budget, else null
   std::size_t gather_workers_ = 1;  // threads x the reads in flight any reader asks for, within the descriptor budget
   mutable std::atomic<std::uint64_t> npz_memory_{0};  // bytes of .npz members held in memory
+  bool reads_files_ = false;
+  std::vector<std::uint8_t> in_archive_;  // per key: bit 0 factor, bit 1 label opened as a member of a .npz
+  mutable std::mutex samples_by_key_mutex_;
+  mutable std::shared_ptr<const SamplesByKey> samples_by_key_;  // built on first use (shuffle='blocks')
 };
 
 }  // namespace npyfeed

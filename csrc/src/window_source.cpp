@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "npyfeed/block_order.hpp"
 #include "npyfeed/detail/convert.hpp"
 #include "npyfeed/errors.hpp"
 #include "npyfeed/npz.hpp"
@@ -57,6 +58,7 @@ WindowSource::WindowSource(SampleIndex index, WindowOptions options)
   factors_.resize(keys);
   labels_.resize(keys);
   open_errors_.resize(keys);
+  in_archive_.resize(keys);
   keep_fds_ = fds_fit(2 * keys);
   if (options_.mode == ReadMode::kMmap) {
     // One mapping per file while they fit in the budget; beyond it, files are mapped on demand through a
@@ -119,9 +121,14 @@ ArraySource WindowSource::open_file(const std::string& path, bool label) const {
 void WindowSource::open_key(std::size_t key, const std::string& factor_path, const std::string& label_path) {
   std::string missing;
   // `<key>.npy`, else `<key>.npz` beside it.
+  auto is_npz = [](const std::string& path) {
+    return path.size() >= 4 && path.compare(path.size() - 4, 4, ".npz") == 0;
+  };
   auto open_one = [&](const std::string& path, ArraySource& into, bool label) {
+    const std::uint8_t bit = label ? 2 : 1;
     try {
       into = open_file(path, label);
+      if (is_npz(path)) in_archive_[key] |= bit;
       return;
     } catch (const OsError& e) {
       if (e.error_number() != ENOENT) throw;
@@ -130,6 +137,7 @@ void WindowSource::open_key(std::size_t key, const std::string& factor_path, con
     try {
       if (npy) {
         into = open_file(path.substr(0, path.size() - 4) + ".npz", label);
+        in_archive_[key] |= bit;
         return;
       }
     } catch (const OsError& e) {
@@ -147,6 +155,7 @@ std::shared_ptr<Job> WindowSource::start_open(ThreadPool& pool, std::vector<std:
   if (factor_paths.size() != index_.keys.size() || label_paths.size() != index_.keys.size()) {
     throw InvalidArgument("one factor and one label path per key are needed");
   }
+  reads_files_ = true;
   auto self = shared_from_this();
   auto f = std::make_shared<std::vector<std::string>>(std::move(factor_paths));
   auto l = std::make_shared<std::vector<std::string>>(std::move(label_paths));
@@ -324,6 +333,15 @@ std::uint64_t WindowSource::index_position(std::size_t sample) const {
   return sample + lo;
 }
 
+std::shared_ptr<const SamplesByKey> WindowSource::samples_by_key() const {
+  std::lock_guard lock(samples_by_key_mutex_);
+  if (!samples_by_key_) {
+    samples_by_key_ = std::make_shared<const SamplesByKey>(index_.keys.size(), size_,
+                                                           [this](std::size_t i) { return sample(i).key; });
+  }
+  return samples_by_key_;
+}
+
 Sample WindowSource::sample(std::size_t sample) const {
   const std::uint64_t i = index_position(sample);
   return {index_.feature(i), index_.label(i), index_.key(i), static_cast<std::uint32_t>(i)};
@@ -359,7 +377,7 @@ void WindowSource::check_ids(const std::vector<std::int64_t>& sample_ids) const 
 }
 
 std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<std::int64_t> sample_ids, std::byte* x,
-                                                std::byte* y) {
+                                                std::byte* y, const KeyArrays* arrays) {
   check_ids(sample_ids);
   // The batch's samples, looked up once: the gather reads them by batch position.
   auto samples = std::make_shared<std::vector<Sample>>(sample_ids.size());
@@ -368,15 +386,21 @@ std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<st
     sample_ids[b] = static_cast<std::int64_t>(b);
   }
   GatherInput input{&factors_, &labels_, samples.get(), window_, options_.out_size, x_row_elems_, y_row_elems_};
+  if (arrays != nullptr) {
+    input.factors = &arrays->factors;
+    input.labels = &arrays->labels;
+  }
   auto gather = std::make_shared<Gather>(input, std::move(sample_ids), x, y);
   gather->hint_will_need();
   auto self = shared_from_this();  // the gather reads this source's arrays: keep them alive while it runs
-  return pool.start(gather->keys(), gather_workers_, [self, samples, gather](std::size_t k) { gather->run_key(k); });
+  // Arrays in memory need no reads in flight (nor descriptors): one worker per thread.
+  const std::size_t workers = arrays != nullptr ? options_.threads : gather_workers_;
+  return pool.start(gather->keys(), workers, [self, samples, gather](std::size_t k) { gather->run_key(k); });
 }
 
 std::pair<WindowBatch, std::shared_ptr<Job>> WindowSource::start_batch(ThreadPool& pool,
                                                                        std::vector<std::int64_t> sample_ids,
-                                                                       BufferPool* buffers) {
+                                                                       BufferPool* buffers, const KeyArrays* arrays) {
   auto allocate = [&](std::size_t bytes) {
     return buffers != nullptr ? buffers->acquire(bytes) : std::make_shared<AlignedBuffer>(bytes);
   };
@@ -384,7 +408,7 @@ std::pair<WindowBatch, std::shared_ptr<Job>> WindowSource::start_batch(ThreadPoo
   batch.count = sample_ids.size();
   batch.x = allocate(batch.count * x_sample_bytes());
   batch.y = allocate(batch.count * y_sample_bytes());
-  auto job = start_gather(pool, std::move(sample_ids), batch.x->data(), batch.y->data());
+  auto job = start_gather(pool, std::move(sample_ids), batch.x->data(), batch.y->data(), arrays);
   return {std::move(batch), std::move(job)};
 }
 

@@ -13,6 +13,12 @@ symbolic checkpointing (``tf.data.Options.experimental_symbolic_checkpoint``) th
 (a few bytes), never batches, and a restored iterator gathers the same batches again. No custom ops, so
 nothing depends on TensorFlow's C++ ABI.
 
+``shuffle="blocks"``: a blocks epoch is read in order (files whole, within a memory budget), so "batch b of epoch
+e" comes from one C++ stream positioned at the next batch (``BlockBatches``): a request for exactly that batch is
+served from it (it reads and gathers ahead by itself), any other (a restored checkpoint, a new epoch) starts a
+new stream there. The gather then runs with ``num_parallel_calls=1``: TensorFlow asks for positions strictly in
+order, and the positions stay the checkpointed state, as above.
+
 Epochs: a counter (a Python int behind a ``numpy_function``) gives each pass over the dataset the next epoch; ``dataset(...).repeat(count)`` reads epochs ``epoch, epoch + 1, ...`` from a native range, so the epoch
 is part of the checkpointed position and a restored repeat continues across the epoch boundary.
 
@@ -39,15 +45,16 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 
-from . import _core
+from . import _core, windows
 
 __all__ = ["dataset"]
 
 log = logging.getLogger("npyfeed")
 
 
-def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_remainder: bool = False,
-            device: str | None = None, input_context=None, prefetch: int = 2, epoch: int = 0) -> tf.data.Dataset:
+def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, drop_remainder: bool = False,
+            device: str | None = None, input_context=None, prefetch: int = 2, epoch: int = 0,
+            memory_budget: int | None = None) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(x, y)`` batches from `src`; each pass over it is a new epoch.
 
     Parameters
@@ -55,8 +62,12 @@ def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_
     src : WindowSource
     batch_size : int
         Batch size; with `input_context`, the *global* batch size, split evenly over the replicas.
-    shuffle : bool
-        Shuffle the samples: a seeded permutation of all samples per epoch, a new one each pass.
+    shuffle : bool or "blocks"
+        Shuffle the samples: a seeded permutation of all samples per epoch, a new one each pass. ``"blocks"``
+        (data sets larger than RAM): each file read once per epoch, whole, within `memory_budget`, batches in
+        the order of ``WindowSource.batches(shuffle="blocks")``; see its docstring and the README.
+        Checkpointable like the others; a restored iterator (or a jump to another position) first reads the
+        block(s) of its batch again.
     seed : int
         Seed of the permutation (same seed and epoch, same order, on any machine).
     drop_remainder : bool
@@ -71,9 +82,12 @@ def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_
         the epoch exactly once) in batches of ``input_context.get_per_replica_batch_size(batch_size)``.
     prefetch : int
         Batches gathered at once (``num_parallel_calls`` of the gather, in order), before TensorFlow's own
-        ``prefetch(AUTOTUNE)``.
+        ``prefetch(AUTOTUNE)``. With ``shuffle="blocks"``: batches the stream gathers ahead (one call at a time).
     epoch : int
         The epoch of the first pass (e.g. Keras ``initial_epoch`` after a restart).
+    memory_budget : int, optional
+        With ``shuffle="blocks"``: bytes of array data held at once (default ``WindowSource.batches``'s). It
+        decides the order too: keep it fixed to reproduce (or resume) an epoch.
 
     Returns
     -------
@@ -104,13 +118,23 @@ def dataset(src, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_
         raise TypeError(f"device must be a device name such as '/gpu:0', not {type(device).__name__}")
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch < 2**62:
         raise ValueError(f"epoch must be an integer in [0, 2**62), got {epoch!r}")
+    blocks = windows._is_blocks(shuffle)
+    if memory_budget is None:
+        memory_budget = windows.DEFAULT_MEMORY_BUDGET
     # Check every argument here, where an error is readable, not in TensorFlow's thread at the first batch.
-    src.batches(batch_size, shuffle=bool(shuffle), seed=seed, num_shards=num_shards, shard_index=shard_index,
-                drop_remainder=bool(drop_remainder), prefetch=prefetch).close()
-    parallel = int(prefetch)
-    # Buffers in use at once: the gathers in flight, TensorFlow's prefetch buffer, the step's batch.
-    batches = _core.EpochBatches(src._core, bool(shuffle), int(seed) if shuffle else 0, num_shards, shard_index,
-                                 int(batch_size), bool(drop_remainder), 2 * (parallel + 4))
+    src.batches(batch_size, shuffle="blocks" if blocks else bool(shuffle), seed=seed, num_shards=num_shards,
+                shard_index=shard_index, drop_remainder=bool(drop_remainder), prefetch=prefetch,
+                memory_budget=memory_budget).close()
+    if blocks:
+        # One stream, read in order: one call at a time (the stream itself reads and gathers `prefetch` ahead).
+        parallel = 1
+        batches = _core.BlockBatches(src._core, int(memory_budget), windows._as_u64(seed, "seed"), num_shards,
+                                     shard_index, int(batch_size), bool(drop_remainder), int(prefetch))
+    else:
+        parallel = int(prefetch)
+        # Buffers in use at once: the gathers in flight, TensorFlow's prefetch buffer, the step's batch.
+        batches = _core.EpochBatches(src._core, bool(shuffle), int(seed) if shuffle else 0, num_shards, shard_index,
+                                     int(batch_size), bool(drop_remainder), 2 * (parallel + 4))
     # In a graph (tf.compat.v1, tf.estimator, inside a tf.function) the pipeline outlives the Python dataset, and
     # the graph owns the gather: hold it strongly there.
     gather = _Gather(batches, weak=tf.executing_eagerly())

@@ -25,6 +25,10 @@ __all__ = ["WindowSource", "BatchIterator", "BOUNDS"]
 #: Policies for windows or label rows outside their arrays.
 BOUNDS = ("error", "skip", "pad")
 
+#: ``shuffle="blocks"``'s default memory budget: a constant (not a share of this machine's memory), since the
+#: budget decides the order and an epoch must be the same on every machine.
+DEFAULT_MEMORY_BUDGET = 2 << 30
+
 
 def _index_paths(index_files) -> list:
     if isinstance(index_files, (str, bytes, os.PathLike)):
@@ -203,6 +207,7 @@ class WindowSource:
         self._index_cache = None
         self._index_built = False  # this open compiled the index files (for tests)
         self._warned_fallbacks = 0
+        self._warned_memory = False
         self.window = window
         self.dtype = dtype
         self.mode = mode
@@ -237,6 +242,21 @@ class WindowSource:
             self._warned_fallbacks = len(fell)
             log.warning("npyfeed: O_DIRECT refused for %s (%d of %d files); WindowSource(mode='direct') reads them "
                         "with buffered reads", fell[0], len(fell), len(self._files))
+
+    def _warn_larger_than_memory(self) -> None:
+        # Once per source: a global shuffle over files that do not fit in memory reads at random from disk.
+        if self._warned_memory or not self._files:
+            return
+        self._warned_memory = True
+        try:
+            data = sum(os.stat(p).st_size for p in self._files)
+        except OSError:
+            return
+        available = available_memory()
+        if available is not None and data > available:
+            log.warning("npyfeed: shuffle=True over %.1f GB of files with %.1f GB of memory available: each sample "
+                        "is then a random read from disk; shuffle=\"blocks\" reads every file once per epoch, "
+                        "in sequence (see the README)", data / 1e9, available / 1e9)
 
     @property
     def files(self) -> tuple:
@@ -294,15 +314,26 @@ class WindowSource:
             raise TypeError("sample_ids must be a 1-d sequence of integers")
         return self._core.get(ids.astype(np.int64, copy=False))
 
-    def epoch_order(self, epoch: int = 0, *, shuffle: bool = False, seed: int = 0, num_shards: int = 1,
-                    shard_index: int = 0) -> np.ndarray:
+    def epoch_order(self, epoch: int = 0, *, shuffle: bool | str = False, seed: int = 0, num_shards: int = 1,
+                    shard_index: int = 0, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> np.ndarray:
         """Sample ids of one epoch for one shard, in the order `batches` yields them.
 
-        Shuffling is a seeded permutation of all samples per epoch (the same on any machine for the same
+        ``shuffle=True`` is a seeded permutation of all samples per epoch (the same on any machine for the same
         ``seed``, ``epoch`` and number of samples); shard ``i`` of ``n`` then takes every n-th id starting at
         ``i``, so shards are disjoint and together cover the epoch exactly once.
+
+        ``shuffle="blocks"`` (for data sets larger than RAM) permutes the keys, groups them in that order into
+        blocks whose factor and label arrays fit in ``memory_budget / 2`` bytes (a key larger than that is a
+        block of its own), and shuffles the samples within each block; the epoch is the blocks one after
+        another. Shard ``i`` of ``n`` takes a contiguous part of it (sizes as for ``shuffle=True``), so each
+        shard reads only about ``1/n`` of the files. The same on any machine for the same ``seed``, ``epoch``,
+        ``memory_budget``, shards and data.
         """
         _check_shards(num_shards, shard_index)
+        if _is_blocks(shuffle):
+            budget = _check_budget(memory_budget)
+            return self._core.block_epoch_order(budget, _as_u64(seed, "seed"), _as_u64(epoch, "epoch"),
+                                                int(num_shards), int(shard_index))
         if shuffle:
             seed, epoch = _as_u64(seed, "seed"), _as_u64(epoch, "epoch")
         else:
@@ -317,16 +348,24 @@ class WindowSource:
         n = len(range(shard_index, len(self), num_shards))
         return n // batch_size if drop_remainder else -(-n // batch_size)
 
-    def batches(self, batch_size: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0, num_shards: int = 1,
-                shard_index: int = 0, drop_remainder: bool = False, prefetch: int = 2,
-                start_batch: int = 0) -> BatchIterator:
+    def batches(self, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, epoch: int = 0,
+                num_shards: int = 1, shard_index: int = 0, drop_remainder: bool = False, prefetch: int = 2,
+                start_batch: int = 0, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> BatchIterator:
         """Iterate over one epoch as ``(x, y)`` numpy batches, gathered ahead in C++.
 
         Parameters
         ----------
         batch_size : int
         shuffle, seed, epoch
-            See `epoch_order`.
+            See `epoch_order`. ``shuffle=True`` reads each sample where it lies (a random read per sample
+            when the data is not in the page cache); ``shuffle="blocks"`` reads each file once per epoch, whole
+            and in sequence, into at most `memory_budget` bytes, and gathers the batches from memory: the
+            choice for data sets larger than RAM (see the README).
+        memory_budget : int
+            With ``shuffle="blocks"``: bytes of array data held at once (two blocks: one consumed while the
+            next is read). It also decides the order, so keep it fixed to reproduce an epoch. Batch buffers,
+            and a key larger than half the budget, come on top; so do the samples grouped by key (4 bytes per
+            sample), which the source builds at its first blocks epoch and keeps for every later one.
         num_shards, shard_index
             This iterator's part of the epoch (e.g. one per worker).
         drop_remainder : bool
@@ -349,6 +388,14 @@ class WindowSource:
         if isinstance(start_batch, bool) or not isinstance(start_batch, (int, np.integer)) or not 0 <= start_batch <= total:
             raise ValueError(f"start_batch must be in [0, {total}], got {start_batch!r}")
         _check_shards(num_shards, shard_index)
+        if _is_blocks(shuffle):
+            budget = _check_budget(memory_budget)
+            stream = self._core.block_stream(budget, _as_u64(seed, "seed"), _as_u64(epoch, "epoch"), int(num_shards),
+                                             int(shard_index), int(batch_size), bool(drop_remainder), int(prefetch),
+                                             int(start_batch))
+            return BatchIterator(self, stream, total - int(start_batch))
+        if shuffle:
+            self._warn_larger_than_memory()
         seed, epoch = (_as_u64(seed, "seed"), _as_u64(epoch, "epoch")) if shuffle else (0, 0)
         # The order is computed batch by batch in C++: no per-sample memory, whatever the epoch's size.
         stream = self._core.stream(bool(shuffle), seed, epoch, int(num_shards), int(shard_index), int(batch_size),
@@ -400,6 +447,43 @@ class BatchIterator(Iterator):
             self.close()
         except Exception:
             pass
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still use: MemAvailable, or less where a cgroup (v2 or v1) limits it."""
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
+        pass
+    # A cgroup limit (v2, then v1) bounds the page cache this process's data can occupy too.
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and int(limit) < 2**60:
+            found.append(int(limit))
+        break
+    return min(found) if found else None
+
+
+def _is_blocks(shuffle) -> bool:
+    if isinstance(shuffle, str):
+        if shuffle != "blocks":
+            raise ValueError(f"shuffle must be True, False or 'blocks', got {shuffle!r}")
+        return True
+    return False
+
+
+def _check_budget(memory_budget) -> int:
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, np.integer)) or memory_budget < 1:
+        raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
+    return int(memory_budget)
 
 
 def _index_from_tuples(index) -> object:

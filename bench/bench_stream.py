@@ -1,0 +1,206 @@
+"""Data sets larger than RAM: ``shuffle="blocks"`` against the global shuffle, from a cold page cache.
+
+Each contender runs in a fresh process over the data set just evicted (posix_fadvise DONTNEED per file) and
+draws shuffled batches for at most ``--seconds`` (or ``--samples``):
+
+* **global mmap** / **global read**: ``shuffle=True`` (a random read per sample on a cold cache);
+* **blocks direct**: ``shuffle="blocks"`` with ``--budget`` bytes (files read whole with O_DIRECT);
+
+and is reported with: samples/s from the start of the epoch (first batch included), time to first batch,
+bytes read from storage per sample (``read_bytes`` of /proc/self/io), peak private memory and peak anonymous
+memory (sampled every 50 ms; mapped page-cache pages count as private for mmap, anonymous memory is what
+npyfeed allocates). Beside them, measured in the same run: the **warm** in-RAM global-shuffle rate (mmap, data
+in the page cache; over the first files that fit in a quarter of the memory available when the data set does
+not) and the disk's sequential O_DIRECT limit, also as samples/s (the limit divided by bytes per sample).
+
+Targets (issue 10, a data set >= 1.5x RAM): blocks cold >= 0.8x the warm rate; <= 1.1x the data set read per
+epoch, <= 3 kB/sample; private memory <= budget + 0.5 GiB; first batch <= 2 s.
+
+    python bench/bench_stream.py --files 1000                 # 4.9 GB, on a 24 GB box: cold, not > RAM
+    python bench/bench_stream.py --files 7300 --seconds 120   # 35.9 GB: the issue's size (long to generate)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+MB = 1e6
+GIB = 1 << 30
+
+
+def _memory() -> tuple:
+    private = anon = 0
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in ("Private_Clean", "Private_Dirty"):
+                private += int(rest.split()[0]) * 1024
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                anon = int(line.split()[1]) * 1024
+    return private, anon
+
+
+def _read_bytes() -> int:
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def child(cfg: dict) -> dict:
+    """One contender, in this (fresh) process."""
+    import npyfeed
+
+    peak = {"private": 0, "anon": 0}
+    stop = threading.Event()
+
+    def sample_memory():
+        while not stop.is_set():
+            private, anon = _memory()
+            peak["private"] = max(peak["private"], private)
+            peak["anon"] = max(peak["anon"], anon)
+            stop.wait(0.05)
+
+    sampler = threading.Thread(target=sample_memory, daemon=True)
+    sampler.start()
+    io0 = _read_bytes()
+    t0 = time.perf_counter()
+    src = npyfeed.WindowSource(cfg["index"], cfg["factor_dir"], cfg["label_dir"], cfg["window"], mode=cfg["mode"],
+                               threads=cfg["threads"])
+    t_open = time.perf_counter() - t0
+    kwargs = dict(shuffle="blocks", memory_budget=cfg["budget"]) if cfg["shuffle"] == "blocks" else dict(shuffle=True)
+    samples, first = 0, None
+    t1 = time.perf_counter()
+    with src.batches(cfg["batch"], seed=1, **kwargs) as it:
+        for x, _ in it:
+            samples += len(x)
+            now = time.perf_counter()
+            if first is None:
+                first = now - t1
+            if samples >= cfg["samples"] or now - t1 >= cfg["seconds"]:
+                break
+    elapsed = time.perf_counter() - t1
+    io = _read_bytes() - io0
+    stop.set()
+    sampler.join()
+    return {"samples": samples, "samples_per_s": samples / elapsed, "first_batch_s": first, "open_s": t_open,
+            "read_bytes_per_sample": io / max(samples, 1), "read_bytes": io, "peak_private": peak["private"],
+            "peak_anon": peak["anon"], "epoch_samples": len(src)}
+
+
+def run_child(cfg: dict) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], capture_output=True, text=True,
+                          timeout=cfg["seconds"] + 600)
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-2000:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def subset_index(ds, keys: set, path: Path) -> None:
+    with open(ds.index_paths[0]) as f, open(path, "w") as out:
+        for line in f:
+            if line.rsplit(",", 1)[-1].strip() in keys:
+                out.write(line)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    common.add_data_args(p, files=1000, rows=4800, cols=256, dtype="float32")
+    p.add_argument("--budget", type=float, default=1.0, help="memory_budget of blocks, GiB (default 1)")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--window", type=int, default=100)
+    p.add_argument("--seconds", type=float, default=30.0, help="longest run per contender (default 30)")
+    p.add_argument("--samples", type=int, default=10**9, help="most samples per contender")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return 0
+    if args.quick:
+        args.files, args.rows, args.cols, args.window = 12, 400, 16, 20
+        args.seconds, args.batch, args.budget = 5.0, 64, 0.0002
+    threads = common.resolve_threads(args.threads)
+    spec = common.DataSpec(files=args.files, rows=args.rows, cols=args.cols, dtype=args.dtype, stocks=1,
+                           window=args.window)
+    ds = common.make_dataset(args.dir, spec)
+    files = ds.factor_paths + ds.label_paths
+    data_bytes = sum(os.path.getsize(f) for f in files)
+    budget = int(args.budget * GIB)
+    base = dict(index=ds.index_paths[0], factor_dir=str(ds.factor_dir("S000")), label_dir=str(ds.label_dir("S000")),
+                window=args.window, threads=threads, batch=args.batch, budget=budget, seconds=args.seconds,
+                samples=args.samples)
+    avail = _available()
+    print(f"data set: {len(ds.keys)} keys x ({args.rows}, {args.cols}) {args.dtype}, {data_bytes / 1e9:.2f} GB of "
+          f"files ({data_bytes / avail:.2f}x the {avail / 1e9:.1f} GB available); threads {threads}; "
+          f"budget {budget / GIB:.3g} GiB; batch {args.batch}; load {common.load_average()}")
+
+    # The disk's sequential limit, and the warm rate (over what fits in a quarter of the available memory).
+    seq = common.odirect_seq_bandwidth(files, threads)
+    warm_keys = ds.keys
+    warm_cfg = dict(base, mode="mmap", shuffle="global")
+    if data_bytes > avail / 4:
+        per_key = data_bytes / len(ds.keys)
+        warm_keys = ds.keys[:max(1, int(avail / 4 / per_key))]
+        subset = Path(args.dir) / f"{spec.name}-warm-index.txt"
+        subset_index(ds, set(warm_keys), subset)
+        warm_cfg["index"] = str(subset)
+    warm_files = [f for f, k in zip(ds.factor_paths, ds.keys) if k in set(warm_keys)]
+    warm_files += [f for f, k in zip(ds.label_paths, ds.keys) if k in set(warm_keys)]
+    common.warm(warm_files)
+    results = {"warm global mmap": run_child(warm_cfg)}
+    common.evict(warm_files)
+    for name, mode, shuffle in (("cold global mmap", "mmap", "global"), ("cold global read", "read", "global"),
+                                ("cold blocks direct", "direct", "blocks"), ("cold blocks mmap", "mmap", "blocks")):
+        common.evict(files)
+        results[name] = run_child(dict(base, mode=mode, shuffle=shuffle))
+
+    samples = next((r["epoch_samples"] for r in results.values() if "epoch_samples" in r), 1)
+    per_sample = data_bytes / max(samples, 1)
+    limit_sps = seq * 1e9 / per_sample if seq else None
+    warm_sps = results["warm global mmap"].get("samples_per_s")
+    rows = []
+    for name, r in results.items():
+        if "error" in r:
+            rows.append([name, "error: " + r["error"].strip().splitlines()[-1][:80], "", "", "", "", "", ""])
+            continue
+        rows.append([name, common.fmt(r["samples_per_s"] / 1e3, ".1f"),
+                     common.fmt(r["samples_per_s"] / warm_sps if warm_sps else None, ".2f"),
+                     common.fmt(r["first_batch_s"], ".2f"), common.fmt(r["read_bytes_per_sample"] / 1e3, ".1f"),
+                     common.fmt(r["peak_private"] / MB, ".0f"), common.fmt(r["peak_anon"] / MB, ".0f"),
+                     f"{r['samples']}"])
+    print(common.format_table(["contender", "k samples/s", "x warm", "first batch s", "kB read/sample",
+                               "peak private MB", "peak anon MB", "samples"], rows))
+    print(f"limits: disk sequential (O_DIRECT) {common.fmt(seq, '.2f')} GB/s = "
+          f"{common.fmt(limit_sps / 1e3 if limit_sps else None, '.0f')} k samples/s at {per_sample / 1e3:.1f} kB of "
+          f"files per sample; warm set {len(warm_keys)} of {len(ds.keys)} keys")
+    print("targets (issue 10, data set >= 1.5x RAM): blocks cold >= 0.8x warm; <= 3 kB read/sample; "
+          "private <= budget + 512 MB; first batch <= 2 s")
+    if args.json:
+        common.write_json(args.json, {"command": " ".join(sys.argv), "machine": common.machine_info(),
+                                      "data_bytes": data_bytes, "available": avail, "budget": budget,
+                                      "limits_gbps": {"odirect_seq": seq}, "results": results})
+    return 0
+
+
+def _available() -> int:
+    from npyfeed.windows import available_memory
+
+    return available_memory() or 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+// shuffle="blocks": an epoch read block by block (block_order.hpp). Each block's files are read whole, with
+// large sequential reads, into owned memory ahead of use on the thread pool; batches are then gathered from
+// memory; a block's memory goes once its last batch is gathered. Data sets larger than RAM are read once per
+// epoch, sequentially, instead of one random read per sample.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "npyfeed/aligned_buffer.hpp"
+#include "npyfeed/block_order.hpp"
+#include "npyfeed/thread_pool.hpp"
+#include "npyfeed/window_source.hpp"
+
+namespace npyfeed {
+
+/// Bytes of each key's arrays as plan_blocks counts them: factor plus label data bytes (not the headers), so
+/// that the order is the same for files in any read mode and for the same arrays in memory.
+std::vector<std::uint64_t> block_key_bytes(const WindowSource& source);
+
+/// The sample ids of one epoch of `source` for one shard under shuffle="blocks", materialised.
+std::vector<std::int64_t> block_epoch_order(const WindowSource& source, std::uint64_t memory_budget, std::uint64_t seed,
+                                            std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index);
+
+/// Batches of one shard of a blocks epoch. Memory: the blocks held (read ahead, being consumed, or read by a
+/// gather in flight) never exceed `memory_budget` bytes of array data (plus each file's header and O_DIRECT
+/// alignment, under 8 KiB a file), except where one batch alone needs
+/// more (a key larger than half the budget, a batch spanning more than two blocks): then they are the
+/// blocks that batch needs. Batch buffers (prefetch + 2 batches) come on top.
+/// Files of a file source are read whole, with O_DIRECT in modes "direct" and "mmap" (buffered in "read");
+/// an error names the file (deleted, truncated, replaced by an array of another shape). Arrays in memory, and
+/// members of `.npz` archives (which the source holds in memory or maps), are used in place and not counted.
+/// Thread-safe as BatchStream.
+class BlockStream {
+ public:
+  using Batch = WindowBatch;
+  /// Throws InvalidArgument for a batch_size of 0, a memory_budget of 0 or a bad shard.
+  BlockStream(std::shared_ptr<WindowSource> source, std::uint64_t memory_budget, std::uint64_t seed,
+              std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index, std::size_t batch_size,
+              bool drop_remainder, std::size_t prefetch, std::size_t start_batch);
+  ~BlockStream();
+  BlockStream(const BlockStream&) = delete;
+  BlockStream& operator=(const BlockStream&) = delete;
+
+  std::size_t num_batches() const noexcept { return num_batches_; }
+  /// A job to wait for before take(): the next batch's gather, or a read of a block it needs; null at the end.
+  std::shared_ptr<Job> next_job();
+  /// The next batch (waiting for what it needs). Rethrows a failed read or gather. Empty once closed.
+  Batch take();
+  /// Cancels and waits for all reads and gathers in flight. Idempotent.
+  void close();
+  /// Bytes of file data held now, and the most held at once so far (for tests and benchmarks).
+  std::uint64_t buffered_bytes() const noexcept { return counters_->held.load(); }
+  std::uint64_t peak_buffered_bytes() const noexcept { return counters_->peak.load(); }
+  const BlockPlan& plan() const noexcept { return *plan_; }
+
+ private:
+  struct Counters {
+    std::atomic<std::uint64_t> held{0};
+    std::atomic<std::uint64_t> peak{0};
+  };
+  struct Block {
+    std::size_t index;
+    std::shared_ptr<const KeyArrays> arrays;  // filled by `load`
+    std::shared_ptr<std::vector<std::int64_t>> samples;
+    std::shared_ptr<Job> load;
+  };
+  struct Pending {
+    std::shared_ptr<Job> job;
+    Batch batch;
+    std::shared_ptr<const KeyArrays> arrays;  // what the gather reads, held until it finished
+  };
+  void fill();
+  void start_load(std::size_t block);
+  // Blocks [first, last] that batch `batch` reads.
+  std::pair<std::size_t, std::size_t> blocks_of_batch(std::size_t batch) const;
+  Block* held_block(std::size_t index);
+  // The first unfinished read that the next batch needs, or null.
+  std::shared_ptr<Job> pending_load();
+  void load_key(const KeyArrays& arrays, std::uint32_t key) const;
+
+  std::shared_ptr<WindowSource> source_;
+  std::shared_ptr<const SamplesByKey> samples_;
+  std::shared_ptr<const BlockPlan> plan_;
+  std::uint64_t memory_budget_;
+  ReadMode read_mode_;
+  std::size_t batch_size_;
+  std::size_t prefetch_;
+  std::size_t num_batches_;
+  std::size_t next_start_;  // next batch number to start
+  std::size_t next_load_ = 0;
+  std::size_t last_block_ = 0;  // one past the shard's last block
+  std::deque<Block> blocks_;    // held, consecutive, from the oldest still needed
+  std::deque<Pending> pending_;
+  std::shared_ptr<Counters> counters_;
+  std::shared_ptr<BufferPool> buffers_;
+  std::mutex mutex_;
+  bool closed_ = false;
+};
+
+}  // namespace npyfeed
