@@ -168,7 +168,9 @@ def main(argv=None) -> int:
         common.evict(files)
         results[name] = run_child(dict(base, mode=mode, shuffle=shuffle))
 
-    samples = next((r["epoch_samples"] for r in results.values() if "epoch_samples" in r), 1)
+    # Samples of the whole data set: the cold rows' (the warm row may run over a subset of the keys).
+    samples = next((r["epoch_samples"] for name, r in results.items() if name.startswith("cold")
+                    and "epoch_samples" in r), 1)
     per_sample = data_bytes / max(samples, 1)
     limit_sps = seq * 1e9 / per_sample if seq else None
     warm_sps = results["warm global mmap"].get("samples_per_s")

@@ -13,7 +13,8 @@ inline constexpr std::size_t kBufferAlignment = 64;
 
 class AlignedBuffer {
  public:
-  /// `size` bytes aligned to `alignment` (a power of two, at least 64). Throws std::bad_alloc.
+  /// `size` bytes aligned to `alignment` (a power of two, at least 64). Throws std::bad_alloc. From 1 MiB on
+  /// (and alignment up to a page) the memory is a mapping of its own, returned to the system when freed.
   explicit AlignedBuffer(std::size_t size, std::size_t alignment = kBufferAlignment);
   ~AlignedBuffer();
   AlignedBuffer(const AlignedBuffer&) = delete;
@@ -28,6 +29,7 @@ class AlignedBuffer {
   std::byte* data_;
   std::size_t size_;
   std::size_t alignment_;
+  bool mapped_ = false;  // a mapping of its own (large buffers), else malloc's
 };
 
 /// Recycles batch buffers: a buffer comes back only when its last user (a numpy array, a tensor that
