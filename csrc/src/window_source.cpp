@@ -336,8 +336,23 @@ std::uint64_t WindowSource::index_position(std::size_t sample) const {
 std::shared_ptr<const SamplesByKey> WindowSource::samples_by_key() const {
   std::lock_guard lock(samples_by_key_mutex_);
   if (!samples_by_key_) {
-    samples_by_key_ = std::make_shared<const SamplesByKey>(index_.keys.size(), size_,
-                                                           [this](std::size_t i) { return sample(i).key; });
+    // SamplesByKey asks for the keys of samples 0, 1, ... in order: follow the index position along, past
+    // the dropped entries, instead of a search per sample (66M samples: seconds before the first batch).
+    std::size_t next = SIZE_MAX;
+    std::uint64_t position = 0;
+    std::size_t dropped = 0;  // entries of dropped_ before `position`
+    auto key_of = [&](std::size_t i) {
+      if (i != next) {
+        position = index_position(i);
+        dropped = static_cast<std::size_t>(std::lower_bound(dropped_.begin(), dropped_.end(), position) -
+                                           dropped_.begin());
+      }
+      const std::uint32_t key = index_.key(position);
+      next = i + 1;
+      for (++position; dropped < dropped_.size() && dropped_[dropped] == position; ++dropped) ++position;
+      return key;
+    };
+    samples_by_key_ = std::make_shared<const SamplesByKey>(index_.keys.size(), size_, key_of);
   }
   return samples_by_key_;
 }
