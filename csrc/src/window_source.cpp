@@ -344,8 +344,8 @@ std::shared_ptr<const SamplesByKey> WindowSource::samples_by_key() const {
     auto key_of = [&](std::size_t i) {
       if (i != next) {
         position = index_position(i);
-        dropped = static_cast<std::size_t>(std::lower_bound(dropped_.begin(), dropped_.end(), position) -
-                                           dropped_.begin());
+        dropped =
+            static_cast<std::size_t>(std::lower_bound(dropped_.begin(), dropped_.end(), position) - dropped_.begin());
       }
       const std::uint32_t key = index_.key(position);
       next = i + 1;
