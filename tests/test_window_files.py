@@ -312,9 +312,13 @@ def test_more_files_than_the_mapping_budget_are_mapped_on_demand(tmp_path, monke
             np.testing.assert_array_equal(x, want_x, strict=True)
             np.testing.assert_array_equal(y, np.stack([labels[entries[i][2]][entries[i][1]] for i in ids]),
                                           strict=True)
-            assert len(_mappings(tmp_path)) <= 20
+    # The cache keeps 20; one it evicts while a worker still copies out of it lives until that copy ends, so
+    # while a stream reads ahead there may be a few more for a moment. With nothing in flight (after each
+    # synchronous get), never more than 20.
     assert_all_samples(src, entries, factors, labels)
-    assert 0 < len(_mappings(tmp_path)) <= 20
+    for b in range(0, len(order), 7):
+        src.get(order[b:b + 7])
+        assert 0 < len(_mappings(tmp_path)) <= 20
     del src, it
     assert _mappings(tmp_path) == {}  # released with the source
 
