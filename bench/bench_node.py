@@ -199,14 +199,6 @@ def parse_args(argv=None):
     return args
 
 
-def _available_memory() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     spec = common.DataSpec(files=args.files, rows=args.rows, cols=args.cols, dtype=args.dtype, label_cols=1,
@@ -239,9 +231,12 @@ def main(argv=None) -> int:
     payload["runs"]["npyfeed"] = {"results": results, "summary": summary}
     if args.users:
         needed = args.procs * data_bytes * 1.1
-        if needed > 0.7 * _available_memory():
+        from npyfeed.windows import available_memory  # MemAvailable, or a cgroup's limit where lower
+
+        available = available_memory() or 0
+        if needed > 0.7 * available:
             print(f"\nusers' dict way: skipped, {args.procs} copies need {needed / 1e9:.1f} GB of the "
-                  f"{_available_memory() / 1e9:.1f} GB available (what swaps or gets killed on their node)")
+                  f"{available / 1e9:.1f} GB available (what swaps or gets killed on their node)")
         else:
             prepare()
             users = dict(job, factor_paths=ds.factor_paths, label_paths=ds.label_paths)

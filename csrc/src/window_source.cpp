@@ -104,8 +104,7 @@ ArraySource WindowSource::open_file(const std::string& path, bool label) const {
   reader_options.keep_open = keep_fds_;
   reader_options.mappings = mappings_;
   reader_options.read_whole_up_to = label ? kReadWholeLabelBytes : 0;
-  const bool npz = path.size() >= 4 && path.compare(path.size() - 4, 4, ".npz") == 0;
-  ArraySource source{npz ? open_npz(path) : ArrayReader::open(path, reader_options)};
+  ArraySource source{path.ends_with(".npz") ? open_npz(path) : ArrayReader::open(path, reader_options)};
   const NpyHeader& h = source.header();
   if (!detail::convertible(h.scalar)) {
     throw InvalidArgument(path + ": dtype '" + (h.descr_text.empty() ? std::string("structured") : h.descr_text) +
@@ -121,19 +120,16 @@ ArraySource WindowSource::open_file(const std::string& path, bool label) const {
 void WindowSource::open_key(std::size_t key, const std::string& factor_path, const std::string& label_path) {
   std::string missing;
   // `<key>.npy`, else `<key>.npz` beside it.
-  auto is_npz = [](const std::string& path) {
-    return path.size() >= 4 && path.compare(path.size() - 4, 4, ".npz") == 0;
-  };
   auto open_one = [&](const std::string& path, ArraySource& into, bool label) {
     const std::uint8_t bit = label ? 2 : 1;
     try {
       into = open_file(path, label);
-      if (is_npz(path)) in_archive_[key] |= bit;
+      if (path.ends_with(".npz")) in_archive_[key] |= bit;
       return;
     } catch (const OsError& e) {
       if (e.error_number() != ENOENT) throw;
     }
-    const bool npy = path.size() >= 4 && path.compare(path.size() - 4, 4, ".npy") == 0;
+    const bool npy = path.ends_with(".npy");
     try {
       if (npy) {
         into = open_file(path.substr(0, path.size() - 4) + ".npz", label);
