@@ -35,23 +35,9 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from common import format_table, machine_info, write_json  # noqa: E402
+from common import format_table, machine_info, process_memory, write_json  # noqa: E402
 
 MB = 1e6
-
-
-def memory() -> dict:
-    """RssAnon, Private (clean + dirty) and Pss of this process, in bytes."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                out["rss_anon"] = int(line.split()[1]) * 1024
-    with open("/proc/self/smaps_rollup") as f:
-        fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.strip().endswith("kB")}
-    out["private"] = fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
-    out["pss"] = fields.get("Pss", 0)
-    return out
 
 
 def cpu_seconds() -> float:
@@ -93,7 +79,7 @@ def child(args) -> None:
     import numpy as np
     from npyfeed import windows
 
-    before = memory()
+    before = process_memory()
     root = Path(args.dir)
     c0 = cpu_seconds()
     t0 = time.perf_counter()
@@ -123,7 +109,7 @@ def child(args) -> None:
         cache = src.index_cache
     result["cache"] = cache
     result["before"] = before
-    result["after"] = memory()
+    result["after"] = process_memory()
     print(json.dumps(result), flush=True)
 
 

@@ -40,23 +40,6 @@ import common  # noqa: E402
 MB = 1e6
 
 
-def memory_now() -> dict:
-    """This process's memory, in bytes: private and PSS from smaps_rollup, RssAnon and VmHWM from status."""
-    out = {}
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            if name in ("Pss", "Private_Clean", "Private_Dirty"):
-                out[name] = int(rest.split()[0]) * 1024
-    with open("/proc/self/status") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            if name in ("RssAnon", "VmHWM"):
-                out[name] = int(rest.split()[0]) * 1024
-    return {"private": out["Private_Clean"] + out["Private_Dirty"], "pss": out["Pss"], "rss_anon": out["RssAnon"],
-            "hwm": out["VmHWM"]}
-
-
 def _npyfeed_worker(args, barrier, queue, rank):
     """Open a WindowSource, draw shuffled batches; put this process's figures on `queue`."""
     try:
@@ -77,7 +60,7 @@ def _npyfeed_worker(args, barrier, queue, rank):
             n += len(x)
         t_end = time.perf_counter()
         queue.put({"rank": rank, "samples": len(src), "open_s": t_open - t0, "first_batch_s": t_first - t_open,
-                   "samples_per_s": n / (t_end - t_first) if n else None, "checksum": checksum, **memory_now()})
+                   "samples_per_s": n / (t_end - t_first) if n else None, "checksum": checksum, **common.process_memory()})
         batches.close()
     except BaseException as e:  # noqa: B036 - reported to the parent, which prints it
         queue.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
@@ -108,7 +91,7 @@ def _users_worker(args, barrier, queue, rank):
         t_end = time.perf_counter()
         queue.put({"rank": rank, "samples": None, "open_s": t_open - t0, "first_batch_s": t_first - t_open,
                    "samples_per_s": n / (t_end - t_first) if n else None, "checksum": float(x[0, 0, 0]),
-                   **memory_now()})
+                   **common.process_memory()})
     except BaseException as e:  # noqa: B036
         queue.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
 

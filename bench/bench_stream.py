@@ -38,20 +38,6 @@ MB = 1e6
 GIB = 1 << 30
 
 
-def _memory() -> tuple:
-    private = anon = 0
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            if name in ("Private_Clean", "Private_Dirty"):
-                private += int(rest.split()[0]) * 1024
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                anon = int(line.split()[1]) * 1024
-    return private, anon
-
-
 def _read_bytes() -> int:
     with open("/proc/self/io") as f:
         for line in f:
@@ -69,9 +55,9 @@ def child(cfg: dict) -> dict:
 
     def sample_memory():
         while not stop.is_set():
-            private, anon = _memory()
-            peak["private"] = max(peak["private"], private)
-            peak["anon"] = max(peak["anon"], anon)
+            now = common.process_memory()
+            peak["private"] = max(peak["private"], now["private"])
+            peak["anon"] = max(peak["anon"], now["rss_anon"])
             stop.wait(0.05)
 
     sampler = threading.Thread(target=sample_memory, daemon=True)
