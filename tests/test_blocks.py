@@ -1,5 +1,6 @@
-"""shuffle="blocks": the epoch order (every sample once, under every bounds policy; deterministic; shards
-contiguous, disjoint, covering, sizes within one; resume), batch values against np.load and slicing in every
+"""shuffle="blocks": the epoch order (every sample once, under every bounds policy, for an index that lists
+keys interleaved or one after another; deterministic; shards contiguous, disjoint, covering, sizes within one;
+resume), batch values against np.load and slicing in every
 mode and from arrays, the memory budget (the stream's own count of bytes held), files deleted or truncated
 mid-epoch, the warning that points ``shuffle=True`` users at it (tf.dataset with blocks: tests/test_tf.py,
 which keeps TensorFlow's threads out of the processes of the other test files).
@@ -23,7 +24,7 @@ FEATURES = 3
 
 
 class Data:
-    def __init__(self, root, bounds_cases: bool):
+    def __init__(self, root, bounds_cases: bool, grouped: bool = False):
         rng = np.random.default_rng(3)
         self.factors, self.labels, self.entries = {}, {}, []
         os.makedirs(root / "f", exist_ok=True)
@@ -40,6 +41,9 @@ class Data:
             if bounds_cases:  # windows and label rows outside their arrays
                 self.entries += [(1, 0, key), (rows + 2, 0, key), (WINDOW, rows + 5, key)]
         rng.shuffle(self.entries)  # keys interleaved in the index
+        if grouped:  # a key's lines together, keys in a shuffled order (as the users' index files)
+            rank = {k: r for r, k in enumerate(rng.permutation(sorted(self.factors)))}
+            self.entries.sort(key=lambda e: rank[e[2]])
         self.index = root / "index.txt"
         self.index.write_text("".join(f"{f},{lab},{k}\n" for f, lab, k in self.entries))
         self.root = root
@@ -84,6 +88,13 @@ def rough(tmp_path_factory):
     return Data(tmp_path_factory.mktemp("blocks-bounds"), bounds_cases=True)
 
 
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory):
+    """Each key's lines together (the per-key sample lists are then runs, with no per-sample memory)."""
+    return {bounds_cases: Data(tmp_path_factory.mktemp("blocks-grouped"), bounds_cases=bounds_cases, grouped=True)
+            for bounds_cases in (False, True)}
+
+
 def key_bytes(d: Data, key: str) -> int:
     return d.factors[key].nbytes + d.labels[key].nbytes  # what the budget counts: array data
 
@@ -101,8 +112,12 @@ def read_epoch(src, batch_size, **kwargs):
 
 @pytest.mark.parametrize("mode", ["mmap", "read", "direct", "memory"])
 @pytest.mark.parametrize("bounds", ["error", "skip", "pad"])
-def test_every_sample_once_and_values_equal_numpy(data, rough, mode, bounds):
-    d = data if bounds == "error" else rough
+@pytest.mark.parametrize("layout", ["interleaved", "grouped"])
+def test_every_sample_once_and_values_equal_numpy(data, rough, grouped, mode, bounds, layout):
+    if layout == "grouped":
+        d = grouped[bounds != "error"]
+    else:
+        d = data if bounds == "error" else rough
     src = d.open(mode, bounds)
     budget = budget_of(d, 2.5)
     order = src.epoch_order(3, shuffle="blocks", seed=9, memory_budget=budget)
@@ -166,10 +181,16 @@ def test_blocks_follow_keys_and_budget(data):
 def test_shards_disjoint_covering_contiguous(data, num_shards):
     src = data.open("read")
     b = budget_of(data, 2)
-    whole = src.epoch_order(2, shuffle="blocks", seed=3, memory_budget=b)
     parts = [src.epoch_order(2, shuffle="blocks", seed=3, memory_budget=b, num_shards=num_shards, shard_index=i)
              for i in range(num_shards)]
-    np.testing.assert_array_equal(np.concatenate(parts), whole)  # contiguous pieces of the epoch, in order
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(src)))  # disjoint, covering
+    # Contiguous parts of one epoch: a shard reads its own keys, and of its neighbour's only the first block
+    # (which holds the key that the two share); shards further apart share no key.
+    kept = data.kept("error")
+    keys = [{kept[i][2] for i in p} for p in parts]
+    for i in range(num_shards):
+        for j in range(i + 2, num_shards):
+            assert not keys[i] & keys[j]
     sizes = [len(p) for p in parts]
     assert max(sizes) - min(sizes) <= 1
     for i, p in enumerate(parts):
@@ -177,6 +198,9 @@ def test_shards_disjoint_covering_contiguous(data, num_shards):
         batches, _ = read_epoch(src, 7, seed=3, epoch=2, memory_budget=b, num_shards=num_shards, shard_index=i)
         assert len(batches) == -(-len(p) // 7)
         np.testing.assert_array_equal(np.concatenate([y for _, y in batches]), data.reference("error", p)[1])
+        # The same shard, asked again (another process would get the same).
+        np.testing.assert_array_equal(
+            src.epoch_order(2, shuffle="blocks", seed=3, memory_budget=b, num_shards=num_shards, shard_index=i), p)
 
 
 @pytest.mark.parametrize("start_batch", [1, 7, 12])

@@ -1,7 +1,9 @@
 // The order of an epoch read in blocks of files (shuffle="blocks"): a seeded permutation of the keys,
 // grouped in that order into blocks whose files fit in half a memory budget (one block is consumed while the
-// next is read), each block's samples in a seeded shuffle; the epoch is the blocks one after another. A pure
-// function of (samples' keys, file sizes, budget, seed, epoch, shards): the same on every machine.
+// next is read), each block's samples in a seeded shuffle; the epoch is the blocks one after another, each
+// shard a contiguous part of it that starts a block of its own, and ramps up to full blocks (the first batch
+// waits for a small block only). A pure function of (samples' keys, file sizes, budget, seed, epoch, number
+// of shards): the same on every machine.
 #pragma once
 
 #include <cstddef>
@@ -11,17 +13,27 @@
 
 namespace npyfeed {
 
-/// Sample ids grouped by key (CSR): ids of key k are ids[begin[k], begin[k + 1]), ascending.
+/// Sample ids grouped by key. Where every key's samples are one run of consecutive ids (an index that lists
+/// a key's rows together, as the users' files do), only each run's first id is kept; otherwise the ids
+/// themselves (CSR: key k's are ids[begin[k], begin[k + 1]), ascending; 4 bytes per sample).
 struct SamplesByKey {
-  /// `key_of(i)` for i in [0, n) is sample i's key, < num_keys. Throws InvalidArgument for n >= 2^32
-  /// (ids are stored in 4 bytes: 4 bytes per sample; WindowSource::samples_by_key builds one per source).
+  /// `key_of(i)` for i in [0, n) is sample i's key, < num_keys; asked in that order, and a second time in
+  /// that order where keys' samples interleave. Throws InvalidArgument for n >= 2^32 (ids are 4 bytes).
   SamplesByKey(std::size_t num_keys, std::size_t n, const std::function<std::uint32_t(std::size_t)>& key_of);
   std::size_t num_keys() const noexcept { return begin.size() - 1; }
   std::size_t count(std::size_t key) const noexcept { return begin[key + 1] - begin[key]; }
+  /// Key k's sample ids, ascending, appended to `out`.
+  void append_ids(std::size_t key, std::vector<std::uint32_t>& out) const;
+  /// Whether the ids are kept as runs (no per-sample memory).
+  bool runs() const noexcept { return ids.empty(); }
 
   std::vector<std::uint64_t> begin;
-  std::vector<std::uint32_t> ids;
+  std::vector<std::uint32_t> run_first;  // with runs: key k's ids are run_first[k] + [0, count(k))
+  std::vector<std::uint32_t> ids;        // without: key k's ids are ids[begin[k], begin[k + 1])
 };
+
+/// Blocks with a smaller cap after each shard start (memory_budget / 2 >> (kRampBlocks - j) for block j).
+inline constexpr std::size_t kRampBlocks = 3;
 
 /// One epoch's blocks, and the positions [first, end) of that epoch that one shard reads.
 struct BlockPlan {
@@ -42,10 +54,13 @@ struct BlockPlan {
 
 /// Plans one epoch. Keys (those with samples) are permuted with IndexShuffle(keys, seed, epoch) and cut into
 /// blocks greedily: a key joins the current block while the block's bytes (`key_bytes`, the factor plus label
-/// files to read) stay within memory_budget / 2; a key larger than that forms a block of its own. Shard i of
-/// N takes the contiguous positions [s_i, s_i + c_i) where c_i = n / N + (i < n % N): the same sizes as an
-/// every-N-th split, but each shard reads only about 1/N of the files (plus at most one block it shares with a
-/// neighbour). Throws InvalidArgument unless 0 <= shard_index < num_shards and memory_budget > 0.
+/// files to read) stay within its cap; a key larger than that forms a block of its own. Shard i of N takes
+/// the contiguous positions [s_i, s_i + c_i) where c_i = n / N + (i < n % N): the same sizes as an
+/// every-N-th split, but each shard reads only about 1/N of the files (plus the first block of the next
+/// shard, for the key they share). The key holding s_i starts a new block, and where a shard's share of the
+/// bytes is more than one block, the caps ramp up from there: memory_budget / 16, / 8, / 4, then / 2 for
+/// every further block (kRampBlocks), so a shard's first batch waits for an eighth of a full block.
+/// Throws InvalidArgument unless 0 <= shard_index < num_shards and memory_budget > 0.
 BlockPlan plan_blocks(const SamplesByKey& samples, const std::vector<std::uint64_t>& key_bytes,
                       std::uint64_t memory_budget, std::uint64_t seed, std::uint64_t epoch, std::size_t num_shards,
                       std::size_t shard_index);

@@ -332,8 +332,8 @@ std::uint64_t WindowSource::index_position(std::size_t sample) const {
 std::shared_ptr<const SamplesByKey> WindowSource::samples_by_key() const {
   std::lock_guard lock(samples_by_key_mutex_);
   if (!samples_by_key_) {
-    // SamplesByKey asks for the keys of samples 0, 1, ... in order: follow the index position along, past
-    // the dropped entries, instead of a search per sample (66M samples: seconds before the first batch).
+    // SamplesByKey asks for the keys of samples 0, 1, ... in order (once or twice): follow the index position along,
+    // past the dropped entries, instead of a search per sample (66M samples: seconds before the first batch).
     std::size_t next = SIZE_MAX;
     std::uint64_t position = 0;
     std::size_t dropped = 0;  // entries of dropped_ before `position`

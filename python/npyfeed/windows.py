@@ -326,8 +326,10 @@ class WindowSource:
         blocks whose factor and label arrays fit in ``memory_budget / 2`` bytes (a key larger than that is a
         block of its own), and shuffles the samples within each block; the epoch is the blocks one after
         another. Shard ``i`` of ``n`` takes a contiguous part of it (sizes as for ``shuffle=True``), so each
-        shard reads only about ``1/n`` of the files. The same on any machine for the same ``seed``, ``epoch``,
-        ``memory_budget``, shards and data.
+        shard reads only about ``1/n`` of the files; each shard's part starts a block, and where a shard holds
+        more than one block its first three are smaller (1/8, 1/4, 1/2 of a full one), so that its first
+        batch waits for little. The same on any machine for the same ``seed``, ``epoch``, ``memory_budget``,
+        ``num_shards`` and data (the order depends on the number of shards).
         """
         _check_shards(num_shards, shard_index)
         if _is_blocks(shuffle):
@@ -364,8 +366,9 @@ class WindowSource:
         memory_budget : int
             With ``shuffle="blocks"``: bytes of array data held at once (two blocks: one consumed while the
             next is read). It also decides the order, so keep it fixed to reproduce an epoch. Batch buffers,
-            and a key larger than half the budget, come on top; so do the samples grouped by key (4 bytes per
-            sample), which the source builds at its first blocks epoch and keeps for every later one.
+            and a key larger than half the budget, come on top; so do the samples grouped by key, which the
+            source builds at its first blocks epoch and keeps for every later one (nothing per sample where
+            the index lists each key's lines together, else 4 bytes per sample).
         num_shards, shard_index
             This iterator's part of the epoch (e.g. one per worker).
         drop_remainder : bool

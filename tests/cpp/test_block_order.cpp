@@ -1,6 +1,7 @@
-// The blocks order (shuffle="blocks"): every sample once per epoch, blocks within half the budget (a larger
-// key alone), same arguments the same order, another epoch another order, contiguous shards that are
-// disjoint, cover the epoch and differ in size by at most one. Mirrors tests/test_blocks.py.
+// The blocks order (shuffle="blocks"): samples grouped by key (as runs or as ids), every sample once per
+// epoch, blocks within their caps (a larger key alone; smaller caps after each shard start), same arguments
+// the same order, another epoch another order, contiguous shards that are disjoint, cover the epoch, differ
+// in size by at most one and start blocks of their own. Mirrors tests/test_blocks.py.
 #include <algorithm>
 #include <cstdint>
 #include <set>
@@ -32,8 +33,18 @@ Data make_data() {
   return d;
 }
 
+// 64 keys of 100 bytes and 5 samples each, listed key after key (as the users' index files do).
+Data make_grouped_data() {
+  Data d;
+  for (std::uint32_t k = 0; k < 64; ++k) {
+    for (int j = 0; j < 5; ++j) d.key_of.push_back(k);
+    d.bytes.push_back(100);
+  }
+  return d;
+}
+
 SamplesByKey by_key(const Data& d) {
-  return SamplesByKey(20, d.key_of.size(), [&](std::size_t i) { return d.key_of[i]; });
+  return SamplesByKey(d.bytes.size(), d.key_of.size(), [&](std::size_t i) { return d.key_of[i]; });
 }
 
 bool is_permutation_of_range(std::vector<std::int64_t> v, std::size_t n) {
@@ -47,13 +58,24 @@ bool is_permutation_of_range(std::vector<std::int64_t> v, std::size_t n) {
 
 }  // namespace
 
-TEST_CASE("blocks: samples grouped by key") {
-  const Data d = make_data();
-  const SamplesByKey s = by_key(d);
-  CHECK_EQ(s.ids.size(), d.key_of.size());
-  for (std::uint32_t k = 0; k < 20; ++k) {
-    CHECK_EQ(s.count(k), static_cast<std::size_t>(k % 7));
-    for (std::uint64_t i = s.begin[k]; i < s.begin[k + 1]; ++i) CHECK_EQ(d.key_of[s.ids[i]], k);
+TEST_CASE("blocks: samples grouped by key, as ids (keys interleaved) or runs (keys one after another)") {
+  Data reversed = make_grouped_data();  // runs, in another order than the keys' numbers
+  std::reverse(reversed.key_of.begin(), reversed.key_of.end());
+  const std::vector<std::pair<Data, bool>> cases = {
+      {make_data(), false}, {make_grouped_data(), true}, {reversed, true}};
+  for (const auto& [d, runs] : cases) {
+    const SamplesByKey s = by_key(d);
+    CHECK_EQ(s.runs(), runs);
+    CHECK_EQ(s.ids.size(), s.runs() ? 0u : d.key_of.size());
+    for (std::uint32_t k = 0; k < d.bytes.size(); ++k) {
+      std::vector<std::uint32_t> want, got;
+      for (std::uint32_t i = 0; i < d.key_of.size(); ++i) {
+        if (d.key_of[i] == k) want.push_back(i);
+      }
+      s.append_ids(k, got);
+      CHECK(got == want);
+      CHECK_EQ(s.count(k), want.size());
+    }
   }
 }
 
@@ -100,29 +122,73 @@ TEST_CASE("blocks: deterministic per (seed, epoch, budget); epochs and seeds dif
   CHECK(order(5, 2, 1ull << 40) != identity);
 }
 
-TEST_CASE("blocks: shards are contiguous, disjoint, cover the epoch, sizes within one") {
+TEST_CASE("blocks: shards are contiguous, disjoint, cover the epoch, sizes within one, start blocks") {
+  for (const Data& d : {make_data(), make_grouped_data()}) {
+    const SamplesByKey s = by_key(d);
+    const std::size_t n = d.key_of.size();
+    for (std::size_t shards : {1u, 2u, 3u, 7u, 200u}) {
+      // The epoch for this number of shards: the same plan with every position.
+      BlockPlan all = plan_blocks(s, d.bytes, 1000, 9, 1, shards, 0);
+      all.first = 0;
+      all.end = n;
+      const auto whole = block_epoch_order(all, s);
+      CHECK(is_permutation_of_range(whole, n));
+      std::vector<std::int64_t> joined;
+      std::size_t smallest = SIZE_MAX, largest = 0;
+      for (std::size_t i = 0; i < shards; ++i) {
+        const BlockPlan plan = plan_blocks(s, d.bytes, 1000, 9, 1, shards, i);
+        CHECK(plan.block_begin == all.block_begin);  // one plan, whichever shard asks
+        const auto part = block_epoch_order(plan, s);
+        CHECK_EQ(part.size(), plan.shard_size());
+        // The same sizes as an every-n-th split: ceil((n - i) / shards).
+        CHECK_EQ(part.size(), i < n ? (n - i + shards - 1) / shards : 0u);
+        smallest = std::min(smallest, part.size());
+        largest = std::max(largest, part.size());
+        joined.insert(joined.end(), part.begin(), part.end());
+        if (plan.first < plan.end) {
+          // The shard's first block starts with the key holding its first position.
+          const std::size_t b = plan.block_of(plan.first);
+          CHECK(plan.block_begin[b] + s.count(plan.keys[plan.key_begin[b]]) > plan.first);
+        }
+      }
+      CHECK(joined == whole);
+      CHECK(largest - smallest <= 1);
+    }
+  }
   const Data d = make_data();
   const SamplesByKey s = by_key(d);
-  const auto whole = block_epoch_order(plan_blocks(s, d.bytes, 1000, 9, 1, 1, 0), s);
-  for (std::size_t shards : {1u, 2u, 3u, 7u, 200u}) {
-    std::vector<std::int64_t> joined;
-    std::size_t smallest = SIZE_MAX, largest = 0;
-    for (std::size_t i = 0; i < shards; ++i) {
-      const BlockPlan plan = plan_blocks(s, d.bytes, 1000, 9, 1, shards, i);
-      const auto part = block_epoch_order(plan, s);
-      CHECK_EQ(part.size(), plan.shard_size());
-      // The same sizes as an every-n-th split: ceil((n - i) / shards).
-      const std::size_t n = whole.size();
-      CHECK_EQ(part.size(), i < n ? (n - i + shards - 1) / shards : 0u);
-      smallest = std::min(smallest, part.size());
-      largest = std::max(largest, part.size());
-      joined.insert(joined.end(), part.begin(), part.end());
-    }
-    CHECK(joined == whole);
-    CHECK(largest - smallest <= 1);
-  }
   CHECK_THROWS(InvalidArgument, plan_blocks(s, d.bytes, 1000, 9, 1, 2, 2));
   CHECK_THROWS(InvalidArgument, plan_blocks(s, d.bytes, 0, 9, 1, 1, 0));
+}
+
+TEST_CASE("blocks: smaller blocks after each shard start, where a shard holds more than one block") {
+  const Data d = make_grouped_data();  // 64 keys of 100 bytes
+  const SamplesByKey s = by_key(d);
+  auto keys_per_block = [&](const BlockPlan& plan) {
+    std::vector<std::size_t> keys;
+    for (std::size_t b = 0; b < plan.num_blocks(); ++b) keys.push_back(plan.key_begin[b + 1] - plan.key_begin[b]);
+    return keys;
+  };
+  // Budget 2000: full blocks of 1000 bytes (10 keys), ramping up from 125, 250, 500 bytes (1, 2, 5 keys).
+  CHECK(keys_per_block(plan_blocks(s, d.bytes, 2000, 3, 0, 1, 0)) ==
+        std::vector<std::size_t>({1, 2, 5, 10, 10, 10, 10, 10, 6}));
+  // Two shards of 32 keys each (160 samples): the ramp again from the second shard's first key.
+  CHECK(keys_per_block(plan_blocks(s, d.bytes, 2000, 3, 0, 2, 0)) ==
+        std::vector<std::size_t>({1, 2, 5, 10, 10, 4, 1, 2, 5, 10, 10, 4}));
+  // A shard that fits in one block is one block: the whole data set (6,400 bytes) in a budget of 12,800;
+  // 2 shards of 3,200 bytes in a budget of 6,400.
+  CHECK(keys_per_block(plan_blocks(s, d.bytes, 12800, 3, 0, 1, 0)) == std::vector<std::size_t>({64}));
+  CHECK(keys_per_block(plan_blocks(s, d.bytes, 6400, 3, 0, 2, 0)) == std::vector<std::size_t>({32, 32}));
+  // Every block within its cap (half the budget >> 3, 2, 1, 0 after a shard start), a larger key alone.
+  const Data mixed = make_data();
+  const SamplesByKey ms = by_key(mixed);
+  for (std::uint64_t budget : {600ull, 1000ull, 3000ull}) {
+    const BlockPlan plan = plan_blocks(ms, mixed.bytes, budget, 5, 2, 1, 0);
+    for (std::size_t b = 0; b < plan.num_blocks(); ++b) {
+      const std::uint64_t cap = (budget / 2) >> (b < kRampBlocks ? kRampBlocks - b : 0);
+      CHECK(plan.block_bytes[b] <= cap || plan.key_begin[b + 1] - plan.key_begin[b] == 1);
+    }
+  }
 }
 
 TEST_CASE("blocks: an empty data set") {
