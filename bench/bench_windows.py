@@ -22,7 +22,9 @@ seed=--seed)``), into float32 batches:
                            Python loop (the cold-cache baseline of the issue)
   (e) npyfeed <mode>       WindowSource(..., mode).batches(B, shuffle=True, seed): the numpy iterator, C++ gather
                            with read-ahead; modes mmap and read (and direct, cold only: O_DIRECT never uses the cache)
-  (f) npyfeed.tf mmap      npyfeed.tf.dataset(src, B, shuffle=True, seed) over a mode="mmap" source
+  (f) npyfeed.tf mmap      npyfeed.tf.dataset(src, B, shuffle=True, seed) over a mode="mmap" source, read by a
+                           Python loop over eager tensors; and (warm, ``--only fg``) read by ``next(iterator)``
+                           inside a tf.function, as Keras fit and a custom training step read it
 
 Warm = every data file in the page cache (read once before the warm rounds); cold = every data file evicted
 (posix_fadvise DONTNEED, residency checked with mincore) before EACH cold measurement. Sources that map files are
@@ -561,6 +563,44 @@ class NpyfeedTF(Npyfeed):
             self.handle = None
 
 
+class NpyfeedTFGraph(NpyfeedTF):
+    """(f) consumed as training consumes it: ``next(iterator)`` inside a ``tf.function`` (Keras ``fit``'s train
+    function, a custom loop's step), not a Python loop over eager tensors. The first batch is taken eagerly
+    (the output check, and the start of the warm rate); the rest in one traced loop over the same iterator."""
+
+    tag = "fg"
+
+    def __init__(self, mode: str = "mmap", caches=("warm",)):
+        super().__init__(mode, caches)
+        self.name = f"(f) npyfeed.tf.dataset {mode}, in a tf.function"
+        self.take = None
+
+    def open(self, data, batches, log):
+        import tensorflow as tf
+
+        super().open(data, batches, log)
+        dataset = self.dataset
+        if self.take is None:  # one function for every measurement: traced once, in the output check
+            @tf.function
+            def take(iterator, steps):
+                samples = tf.constant(0, tf.int64)
+                for _ in tf.range(steps):
+                    x, _y = next(iterator)
+                    samples += tf.shape(x, out_type=tf.int64)[0]
+                return samples
+            self.take = take
+        take = self.take
+
+        def run():
+            tally = Tally()
+            iterator = iter(dataset)
+            take(iterator, tf.constant(0, tf.int64))  # no retrace: the same element spec every time
+            tally.add(*next(iterator))
+            tally.samples += int(take(iterator, tf.constant(batches - 1, tf.int64)))
+            return tally
+        return run
+
+
 def build_contenders(args, tf) -> list:
     out = []
     if tf is not None:
@@ -569,7 +609,7 @@ def build_contenders(args, tf) -> list:
             NpyfeedArrays()]
     if tf is not None:
         if importlib.util.find_spec("npyfeed.tf") is not None:
-            out.append(NpyfeedTF("mmap"))
+            out += [NpyfeedTF("mmap"), NpyfeedTFGraph("mmap")]
         else:
             print("note: npyfeed.tf is not installed yet: (f) skipped", file=sys.stderr)
     if args.only:
