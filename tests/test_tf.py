@@ -137,6 +137,7 @@ def test_batches_equal_the_numpy_iterator_and_slicing(tf, src, data, shuffle):
     ds = npyfeed.tf.dataset(src, 8, shuffle=shuffle, seed=7)
     actual = _tf_pass(ds)
     _assert_batches_equal(actual, list(src.batches(8, shuffle=shuffle, seed=7, epoch=0)))
+    assert ds._npyfeed_batches.streams_started == 1  # asked in order: one stream, reading ahead, served the pass
     order = src.epoch_order(0, shuffle=shuffle, seed=7)
     ref_x, ref_y = _reference(data)
     np.testing.assert_array_equal(np.concatenate([x for x, _ in actual]), ref_x[order], strict=True)
@@ -396,9 +397,9 @@ _GATHER_IN_FLIGHT_AT_EXIT = """
         def __init__(self, batches):
             self._batches = batches
 
-        def get(self, epoch, batch):
+        def take(self, epoch, batch):
             time.sleep(2.0)
-            return self._batches.get(epoch, batch)
+            return self._batches.take(epoch, batch)
 
     def slow_init(self, batches, weak):
         init(self, batches, weak)

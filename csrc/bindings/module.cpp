@@ -357,6 +357,13 @@ py::array wrap_batch(const std::shared_ptr<AlignedBuffer>& buffer, std::size_t c
   return py::array(dtype, full, {}, buffer->data(), base);
 }
 
+// A gathered batch as the tuple (x, y) of arrays over its buffers.
+py::tuple wrap_window_batch(const WindowSource& source, const WindowBatch& batch) {
+  const std::uint32_t out = source.options().out_size;
+  return py::make_tuple(wrap_batch(batch.x, batch.count, source.x_shape(), out),
+                        wrap_batch(batch.y, batch.count, source.y_shape(), out));
+}
+
 std::vector<std::int64_t> int64_vector(const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& a) {
   return std::vector<std::int64_t>(a.data(), a.data() + a.size());
 }
@@ -400,9 +407,7 @@ class PyStream {
     wait_for_batch(*job);
     WindowBatch batch = without_gil([&] { return stream_->take(); });
     if (!batch.x) throw py::stop_iteration();  // closed by another thread while we waited
-    const std::uint32_t out = source_->options().out_size;
-    return py::make_tuple(wrap_batch(batch.x, batch.count, source_->x_shape(), out),
-                          wrap_batch(batch.y, batch.count, source_->y_shape(), out));
+    return wrap_window_batch(*source_, batch);
   }
   void close() {
     if (stream_) without_gil([&] { stream_->close(); });
@@ -627,9 +632,7 @@ PYBIND11_MODULE(_core, m) {
               const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& ids) {
              auto [batch, job] = s->start_batch(shared_pool(0, s->options().placement), int64_vector(ids));
              wait_interruptibly(job);
-             const std::uint32_t out = s->options().out_size;
-             return py::make_tuple(wrap_batch(batch.x, batch.count, s->x_shape(), out),
-                                   wrap_batch(batch.y, batch.count, s->y_shape(), out));
+             return wrap_window_batch(*s, batch);
            })
       .def("stream",
            [](const std::shared_ptr<WindowSource>& s, bool shuffle, std::uint64_t seed, std::uint64_t epoch,
@@ -675,16 +678,20 @@ PYBIND11_MODULE(_core, m) {
   // it gathers, so several TensorFlow threads may each wait for one.
   py::class_<EpochBatches, std::shared_ptr<EpochBatches>>(m, "EpochBatches")
       .def(py::init<std::shared_ptr<WindowSource>, bool, std::uint64_t, std::size_t, std::size_t, std::size_t, bool,
-                    std::size_t>(),
+                    std::size_t, std::size_t>(),
            py::arg("source"), py::arg("shuffle"), py::arg("seed"), py::arg("num_shards"), py::arg("shard_index"),
-           py::arg("batch_size"), py::arg("drop_remainder"), py::arg("max_kept"))
+           py::arg("batch_size"), py::arg("drop_remainder"), py::arg("max_kept"), py::arg("prefetch") = 2)
       .def_property_readonly("num_batches", &EpochBatches::num_batches)
-      .def("get", [](EpochBatches& batches, std::uint64_t epoch, std::size_t batch) {
-        auto [b, job] = without_gil([&] { return batches.start(epoch, batch); });
-        wait_interruptibly(job);
-        const WindowSource& s = batches.source();
-        const std::uint32_t out = s.options().out_size;
-        return py::make_tuple(wrap_batch(b.x, b.count, s.x_shape(), out), wrap_batch(b.y, b.count, s.y_shape(), out));
+      .def_property_readonly("streams_started", &EpochBatches::streams_started)
+      .def("close", [](EpochBatches& batches) { without_gil([&] { batches.close(); }); })
+      .def("get",
+           [](EpochBatches& batches, std::uint64_t epoch, std::size_t batch) {
+             auto [b, job] = without_gil([&] { return batches.start(epoch, batch); });
+             wait_interruptibly(job);
+             return wrap_window_batch(batches.source(), b);
+           })
+      .def("take", [](EpochBatches& batches, std::uint64_t epoch, std::size_t batch) {
+        return wrap_window_batch(batches.source(), without_gil([&] { return batches.take(epoch, batch); }));
       });
 
   // The same for shuffle="blocks": one stream positioned at the next batch; any other position starts a new one.
@@ -703,11 +710,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("num_batches", &BlockBatches::num_batches)
       .def_property_readonly("streams_started", &BlockBatches::streams_started)
       .def("close", [](BlockBatches& batches) { without_gil([&] { batches.close(); }); })
-      .def("get", [](BlockBatches& batches, std::uint64_t epoch, std::size_t batch) {
-        WindowBatch b = without_gil([&] { return batches.get(epoch, batch); });
-        const WindowSource& s = batches.source();
-        const std::uint32_t out = s.options().out_size;
-        return py::make_tuple(wrap_batch(b.x, b.count, s.x_shape(), out), wrap_batch(b.y, b.count, s.y_shape(), out));
+      .def("take", [](BlockBatches& batches, std::uint64_t epoch, std::size_t batch) {
+        return wrap_window_batch(batches.source(), without_gil([&] { return batches.get(epoch, batch); }));
       });
 
   m.def(

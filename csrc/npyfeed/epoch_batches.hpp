@@ -1,13 +1,16 @@
 // Random access to the batches of any epoch: "batch b of epoch e" of one shard, gathered on demand. What a
 // checkpointable input pipeline needs: its state is two integers, and any batch can be made from them again.
+// Asked in order (as a tf.data pipeline asks), the batches can also come from a stream that reads ahead.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <utility>
 
 #include "npyfeed/aligned_buffer.hpp"
+#include "npyfeed/batch_stream.hpp"
 #include "npyfeed/thread_pool.hpp"
 #include "npyfeed/window_source.hpp"
 
@@ -19,15 +22,29 @@ namespace npyfeed {
 /// (at most `max_kept` kept free) once nobody holds their batch.
 class EpochBatches {
  public:
-  /// Throws InvalidArgument for a batch_size of 0 or a shard_index outside [0, num_shards).
+  /// Throws InvalidArgument for a batch_size of 0 or a shard_index outside [0, num_shards). `prefetch`: the
+  /// batches take() keeps in flight ahead of the one asked for.
   EpochBatches(std::shared_ptr<WindowSource> source, bool shuffle, std::uint64_t seed, std::size_t num_shards,
-               std::size_t shard_index, std::size_t batch_size, bool drop_remainder, std::size_t max_kept);
+               std::size_t shard_index, std::size_t batch_size, bool drop_remainder, std::size_t max_kept,
+               std::size_t prefetch = 2);
+  ~EpochBatches();
+  EpochBatches(const EpochBatches&) = delete;
+  EpochBatches& operator=(const EpochBatches&) = delete;
   const WindowSource& source() const noexcept { return *source_; }
   /// Batches per epoch.
   std::size_t num_batches() const noexcept { return num_batches_; }
   /// Starts gathering batch `batch` of epoch `epoch`; the batch is complete once the job finished.
   /// Throws IndexOutOfRange unless batch < num_batches().
   std::pair<WindowBatch, std::shared_ptr<Job>> start(std::uint64_t epoch, std::size_t batch);
+  /// The same batch as start(epoch, batch), complete, from one BatchStream positioned at the next batch
+  /// expected: in order, the gathers of the following `prefetch` batches are already in flight (the pool
+  /// never waits for the caller, as with the numpy iterator); any other position starts a new stream there.
+  /// Calls are served one at a time. Rethrows a failed gather (the next call starts a new stream).
+  WindowBatch take(std::uint64_t epoch, std::size_t batch);
+  /// Streams take() started so far (for tests).
+  std::size_t streams_started() const;
+  /// Cancels take()'s read-ahead (and waits for it). Idempotent; take() afterwards starts a new stream.
+  void close();
 
  private:
   std::shared_ptr<WindowSource> source_;
@@ -36,8 +53,15 @@ class EpochBatches {
   std::size_t num_shards_;
   std::size_t shard_index_;
   std::size_t batch_size_;
+  bool drop_remainder_;
+  std::size_t prefetch_;
   std::size_t num_batches_ = 0;
   std::shared_ptr<BufferPool> buffers_;
+  mutable std::mutex mutex_;
+  std::unique_ptr<BatchStream> stream_;  // take()'s, positioned at (epoch_, next_), or null
+  std::uint64_t epoch_ = 0;
+  std::size_t next_ = 0;
+  std::size_t streams_started_ = 0;
 };
 
 }  // namespace npyfeed

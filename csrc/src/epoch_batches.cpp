@@ -10,13 +10,15 @@ namespace npyfeed {
 
 EpochBatches::EpochBatches(std::shared_ptr<WindowSource> source, bool shuffle, std::uint64_t seed,
                            std::size_t num_shards, std::size_t shard_index, std::size_t batch_size, bool drop_remainder,
-                           std::size_t max_kept)
+                           std::size_t max_kept, std::size_t prefetch)
     : source_(std::move(source)),
       shuffle_(shuffle),
       seed_(shuffle ? seed : 0),
       num_shards_(num_shards),
       shard_index_(shard_index),
       batch_size_(batch_size),
+      drop_remainder_(drop_remainder),
+      prefetch_(prefetch),
       buffers_(std::make_shared<BufferPool>(max_kept)) {
   if (batch_size_ == 0) throw InvalidArgument("batch_size must be at least 1");
   // Checks the shard arguments, and gives the shard's size (the same in every epoch).
@@ -33,6 +35,45 @@ std::pair<WindowBatch, std::shared_ptr<Job>> EpochBatches::start(std::uint64_t e
   const EpochOrder order(source_->size(), shuffle_, seed_, shuffle_ ? epoch : 0, num_shards_, shard_index_);
   std::vector<std::int64_t> ids = order.slice(batch * batch_size_, batch_size_);
   return source_->start_batch(shared_pool(0, source_->options().placement), std::move(ids), buffers_.get());
+}
+
+EpochBatches::~EpochBatches() { close(); }
+
+WindowBatch EpochBatches::take(std::uint64_t epoch, std::size_t batch) {
+  if (batch >= num_batches_) {
+    throw IndexOutOfRange("batch " + std::to_string(batch) + " out of range for " + std::to_string(num_batches_) +
+                          " batches per epoch");
+  }
+  std::lock_guard lock(mutex_);
+  if (!stream_ || epoch != epoch_ || batch != next_) {
+    if (stream_) stream_->close();
+    EpochOrder order(source_->size(), shuffle_, seed_, shuffle_ ? epoch : 0, num_shards_, shard_index_);
+    stream_ = std::make_unique<BatchStream>(source_, std::move(order), batch_size_, drop_remainder_, prefetch_, batch);
+    epoch_ = epoch;
+    next_ = batch;
+    ++streams_started_;
+  }
+  WindowBatch out;
+  try {
+    stream_->next_job();  // starts this batch's gather and the read-ahead, if not yet
+    out = stream_->take();
+  } catch (...) {
+    stream_.reset();  // a failed gather: the next call starts again at its position
+    throw;
+  }
+  ++next_;
+  if (next_ == num_batches_) stream_.reset();  // the epoch is over
+  return out;
+}
+
+std::size_t EpochBatches::streams_started() const {
+  std::lock_guard lock(mutex_);
+  return streams_started_;
+}
+
+void EpochBatches::close() {
+  std::lock_guard lock(mutex_);
+  stream_.reset();  // BatchStream's destructor cancels and waits for its gathers
 }
 
 }  // namespace npyfeed

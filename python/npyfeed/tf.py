@@ -2,22 +2,25 @@
 
 ``import npyfeed`` never imports TensorFlow; ``import npyfeed.tf`` (or the attribute ``npyfeed.tf``) does.
 
-The pipeline is native ``tf.data`` over positions, mapped through a stateless gather::
+The pipeline is native ``tf.data`` over positions, mapped through a gather of "batch b of epoch e"::
 
     range(1).map(next pass's epoch) -> flat_map(e: range(batches).map(b: (e, b)))    # positions
-      -> map(gather "batch b of epoch e", num_parallel_calls=prefetch, deterministic) -> prefetch
+      -> map(gather "batch b of epoch e", num_parallel_calls=1) -> prefetch
 
-The gather is one ``tf.numpy_function`` call per batch, which waits for the C++ gather with the GIL released,
-so ``prefetch`` batches are gathered at once. Its iterator is checkpointable (``tf.train.Checkpoint``): with
-symbolic checkpointing (``tf.data.Options.experimental_symbolic_checkpoint``) the state is the positions
-(a few bytes), never batches, and a restored iterator gathers the same batches again. No custom ops, so
-nothing depends on TensorFlow's C++ ABI.
+The gather is one ``tf.numpy_function`` call per batch, which takes the batch (GIL released) from a C++ stream
+positioned at the next batch (``EpochBatches.take``; ``BlockBatches`` for ``shuffle="blocks"``): the stream
+keeps the gathers of the next ``prefetch`` batches in flight by itself, as the numpy iterator does, so the
+thread pool never waits for TensorFlow's hand-off (measured: 8-10% more samples/s than ``prefetch`` separate
+gathers as ``num_parallel_calls``). A request for exactly the next batch is served from the stream; any other
+position (a restored checkpoint, a new epoch, a jump) starts a new stream there, so every batch is still a
+function of its position alone. TensorFlow asks for positions strictly in order (one call at a time). Its
+iterator is checkpointable (``tf.train.Checkpoint``): with symbolic checkpointing
+(``tf.data.Options.experimental_symbolic_checkpoint``) the state is the positions (a few bytes), never
+batches, and a restored iterator gathers the same batches again. No custom ops, so nothing depends on
+TensorFlow's C++ ABI.
 
-``shuffle="blocks"``: a blocks epoch is read in order (files whole, within a memory budget), so "batch b of epoch
-e" comes from one C++ stream positioned at the next batch (``BlockBatches``): a request for exactly that batch is
-served from it (it reads and gathers ahead by itself), any other (a restored checkpoint, a new epoch) starts a
-new stream there. The gather then runs with ``num_parallel_calls=1``: TensorFlow asks for positions strictly in
-order, and the positions stay the checkpointed state, as above.
+``shuffle="blocks"``: a blocks epoch is read in order (files whole, within a memory budget); its stream also
+reads the blocks ahead within the budget.
 
 Epochs: a counter (a Python int behind a ``numpy_function``) gives each pass over the dataset the next epoch; ``dataset(...).repeat(count)`` reads epochs ``epoch, epoch + 1, ...`` from a native range, so the epoch
 is part of the checkpointed position and a restored repeat continues across the epoch boundary.
@@ -81,8 +84,8 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         ``input_pipeline_id`` of ``num_input_pipelines`` of every epoch (shards are disjoint and together cover
         the epoch exactly once) in batches of ``input_context.get_per_replica_batch_size(batch_size)``.
     prefetch : int
-        Batches gathered at once (``num_parallel_calls`` of the gather, in order), before TensorFlow's own
-        ``prefetch(AUTOTUNE)``. With ``shuffle="blocks"``: batches the stream gathers ahead (one call at a time).
+        Batches the stream gathers ahead of the one TensorFlow asks for (in flight at once), before
+        TensorFlow's own ``prefetch(AUTOTUNE)``.
     epoch : int
         The epoch of the first pass (e.g. Keras ``initial_epoch`` after a restart).
     memory_budget : int, optional
@@ -125,16 +128,13 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     src.batches(batch_size, shuffle="blocks" if blocks else bool(shuffle), seed=seed, num_shards=num_shards,
                 shard_index=shard_index, drop_remainder=bool(drop_remainder), prefetch=prefetch,
                 memory_budget=memory_budget).close()
+    # One stream, read in order: one call at a time (the stream itself gathers `prefetch` batches ahead).
     if blocks:
-        # One stream, read in order: one call at a time (the stream itself reads and gathers `prefetch` ahead).
-        parallel = 1
         batches = _core.BlockBatches(src._core, int(memory_budget), windows._as_u64(seed, "seed"), num_shards,
                                      shard_index, int(batch_size), bool(drop_remainder), int(prefetch))
     else:
-        parallel = int(prefetch)
-        # Buffers in use at once: the gathers in flight, TensorFlow's prefetch buffer, the step's batch.
         batches = _core.EpochBatches(src._core, bool(shuffle), int(seed) if shuffle else 0, num_shards, shard_index,
-                                     int(batch_size), bool(drop_remainder), 2 * (parallel + 4))
+                                     int(batch_size), bool(drop_remainder), 0, int(prefetch))
     # In a graph (tf.compat.v1, tf.estimator, inside a tf.function) the pipeline outlives the Python dataset, and
     # the graph owns the gather: hold it strongly there.
     gather = _Gather(batches, weak=tf.executing_eagerly())
@@ -159,7 +159,7 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         return tf.ensure_shape(x, x_shape), tf.ensure_shape(y, y_shape)
 
     def finish(positions, cardinality):
-        ds = positions.map(load, num_parallel_calls=parallel, deterministic=True)
+        ds = positions.map(load, num_parallel_calls=1, deterministic=True)
         ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
         ds = ds.prefetch(tf.data.AUTOTUNE)
         options = tf.data.Options()
@@ -239,7 +239,7 @@ class _Gather:
         if not _state.enter():
             raise RuntimeError("npyfeed.tf: the interpreter is exiting")
         try:
-            return batches.get(int(epoch), int(batch))
+            return batches.take(int(epoch), int(batch))
         finally:
             _state.leave()
 

@@ -2,7 +2,8 @@
 // a plain gather of the ids of block_epoch_order, resumed streams equal the tail, the memory held stays
 // within the budget, and a file deleted or truncated after open is an error naming it (no hang).
 // BlockBatches (block_batches.hpp, "batch b of epoch e" over one stream): any order of positions, from any
-// thread, gives the stream's batches; in order it needs one stream per epoch.
+// thread, gives the stream's batches; in order it needs one stream per epoch. EpochBatches::take (the same
+// over a BatchStream, for the global order) likewise, against EpochBatches::start.
 // Mirrors tests/test_blocks.py.
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "npy_writer.hpp"
 #include "npyfeed/block_batches.hpp"
 #include "npyfeed/block_stream.hpp"
+#include "npyfeed/epoch_batches.hpp"
 #include "npyfeed/errors.hpp"
 #include "npyfeed/index.hpp"
 #include "npyfeed/window_source.hpp"
@@ -253,4 +255,38 @@ TEST_CASE("block batches: threads asking at once each get the batch they asked f
   for (int v : ok) CHECK(v == 1);
   batches.close();
   CHECK(floats_of(batches.get(2, 0)) == want[0]);  // usable after close
+}
+
+TEST_CASE("epoch batches: take in order, out of order and from threads equals start") {
+  TempDir dir;
+  const Files files = write_files(dir);
+  auto source = open_source(files, ReadMode::kMmap);
+  EpochBatches batches(source, true, 5, 2, 1, 7, false, 4, 2);
+  auto started = [&](std::uint64_t epoch, std::size_t b) {
+    auto [batch, job] = batches.start(epoch, b);
+    job->wait();
+    return floats_of(batch);
+  };
+  std::vector<Floats> want;
+  for (std::size_t b = 0; b < batches.num_batches(); ++b) want.push_back(started(3, b));
+  for (std::size_t b = 0; b < want.size(); ++b) CHECK(floats_of(batches.take(3, b)) == want[b]);
+  CHECK_EQ(batches.streams_started(), 1u);
+  CHECK(floats_of(batches.take(3, 2)) == want[2]);  // a jump back: a new stream
+  CHECK(floats_of(batches.take(3, 3)) == want[3]);
+  CHECK_EQ(batches.streams_started(), 2u);
+  CHECK(floats_of(batches.take(4, 0)) == started(4, 0));
+  std::vector<int> ok(4, 1);
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < ok.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (std::size_t b = t; b < want.size(); b += 2) {  // two threads on each half: interleaved positions
+        if (floats_of(batches.take(3, b)) != want[b]) ok[t] = 0;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int v : ok) CHECK(v == 1);
+  batches.close();
+  CHECK(floats_of(batches.take(3, 1)) == want[1]);  // usable after close
+  CHECK_THROWS(IndexOutOfRange, batches.take(3, want.size()));
 }
