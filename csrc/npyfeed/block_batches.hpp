@@ -8,9 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 
 #include "npyfeed/block_stream.hpp"
+#include "npyfeed/stream_at_position.hpp"
 #include "npyfeed/window_source.hpp"
 
 namespace npyfeed {
@@ -38,9 +38,9 @@ class BlockBatches {
   /// unless batch < num_batches(); rethrows a failed read or gather (the next call starts a new stream).
   WindowBatch get(std::uint64_t epoch, std::size_t batch);
   /// Streams started so far (the first, and one per position that was not the next one; for tests).
-  std::size_t streams_started() const;
+  std::size_t streams_started() const { return stream_->streams_started(); }
   /// Closes the stream (cancels its reads). get() afterwards starts a new one.
-  void close();
+  void close() { stream_->close(); }
 
  private:
   std::shared_ptr<WindowSource> source_;
@@ -52,11 +52,7 @@ class BlockBatches {
   bool drop_remainder_;
   std::size_t prefetch_;
   std::size_t num_batches_ = 0;
-  mutable std::mutex mutex_;
-  std::unique_ptr<BlockStream> stream_;  // positioned at (epoch_, next_), or null
-  std::uint64_t epoch_ = 0;
-  std::size_t next_ = 0;
-  std::size_t streams_started_ = 0;
+  std::unique_ptr<StreamAtPosition<BlockStream>> stream_;
 };
 
 }  // namespace npyfeed

@@ -6,11 +6,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <utility>
 
 #include "npyfeed/aligned_buffer.hpp"
 #include "npyfeed/batch_stream.hpp"
+#include "npyfeed/stream_at_position.hpp"
 #include "npyfeed/thread_pool.hpp"
 #include "npyfeed/window_source.hpp"
 
@@ -42,9 +42,9 @@ class EpochBatches {
   /// Calls are served one at a time. Rethrows a failed gather (the next call starts a new stream).
   WindowBatch take(std::uint64_t epoch, std::size_t batch);
   /// Streams take() started so far (for tests).
-  std::size_t streams_started() const;
+  std::size_t streams_started() const { return stream_->streams_started(); }
   /// Cancels take()'s read-ahead (and waits for it). Idempotent; take() afterwards starts a new stream.
-  void close();
+  void close() { stream_->close(); }
 
  private:
   std::shared_ptr<WindowSource> source_;
@@ -57,11 +57,7 @@ class EpochBatches {
   std::size_t prefetch_;
   std::size_t num_batches_ = 0;
   std::shared_ptr<BufferPool> buffers_;
-  mutable std::mutex mutex_;
-  std::unique_ptr<BatchStream> stream_;  // take()'s, positioned at (epoch_, next_), or null
-  std::uint64_t epoch_ = 0;
-  std::size_t next_ = 0;
-  std::size_t streams_started_ = 0;
+  std::unique_ptr<StreamAtPosition<BatchStream>> stream_;  // take()'s
 };
 
 }  // namespace npyfeed

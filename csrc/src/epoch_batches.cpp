@@ -24,6 +24,7 @@ EpochBatches::EpochBatches(std::shared_ptr<WindowSource> source, bool shuffle, s
   // Checks the shard arguments, and gives the shard's size (the same in every epoch).
   const EpochOrder order(source_->size(), false, 0, 0, num_shards_, shard_index_);
   num_batches_ = drop_remainder ? order.size() / batch_size_ : (order.size() + batch_size_ - 1) / batch_size_;
+  stream_ = std::make_unique<StreamAtPosition<BatchStream>>(num_batches_);
 }
 
 std::pair<WindowBatch, std::shared_ptr<Job>> EpochBatches::start(std::uint64_t epoch, std::size_t batch) {
@@ -40,40 +41,10 @@ std::pair<WindowBatch, std::shared_ptr<Job>> EpochBatches::start(std::uint64_t e
 EpochBatches::~EpochBatches() { close(); }
 
 WindowBatch EpochBatches::take(std::uint64_t epoch, std::size_t batch) {
-  if (batch >= num_batches_) {
-    throw IndexOutOfRange("batch " + std::to_string(batch) + " out of range for " + std::to_string(num_batches_) +
-                          " batches per epoch");
-  }
-  std::lock_guard lock(mutex_);
-  if (!stream_ || epoch != epoch_ || batch != next_) {
-    if (stream_) stream_->close();
-    EpochOrder order(source_->size(), shuffle_, seed_, shuffle_ ? epoch : 0, num_shards_, shard_index_);
-    stream_ = std::make_unique<BatchStream>(source_, std::move(order), batch_size_, drop_remainder_, prefetch_, batch);
-    epoch_ = epoch;
-    next_ = batch;
-    ++streams_started_;
-  }
-  WindowBatch out;
-  try {
-    stream_->next_job();  // starts this batch's gather and the read-ahead, if not yet
-    out = stream_->take();
-  } catch (...) {
-    stream_.reset();  // a failed gather: the next call starts again at its position
-    throw;
-  }
-  ++next_;
-  if (next_ == num_batches_) stream_.reset();  // the epoch is over
-  return out;
-}
-
-std::size_t EpochBatches::streams_started() const {
-  std::lock_guard lock(mutex_);
-  return streams_started_;
-}
-
-void EpochBatches::close() {
-  std::lock_guard lock(mutex_);
-  stream_.reset();  // BatchStream's destructor cancels and waits for its gathers
+  return stream_->get(epoch, batch, [&](std::uint64_t e, std::size_t b) {
+    EpochOrder order(source_->size(), shuffle_, seed_, shuffle_ ? e : 0, num_shards_, shard_index_);
+    return std::make_unique<BatchStream>(source_, std::move(order), batch_size_, drop_remainder_, prefetch_, b);
+  });
 }
 
 }  // namespace npyfeed
