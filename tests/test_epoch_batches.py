@@ -51,11 +51,15 @@ def test_any_batch_of_any_epoch_equals_the_numpy_iterator(src, shuffle, num_shar
         assert not np.array_equal(batches.get(0, 0)[1], batches.get(1, 0)[1])  # epochs differ
 
 
-def test_concurrent_gets_from_threads(src):
+@pytest.mark.parametrize("method", ["get", "take"])
+def test_concurrent_calls_from_threads(src, method):
+    """get gathers each position on its own; take serves one call at a time from a stream: positions asked out
+    of order by racing threads still get their batch."""
     batches = _make(src, 4)
+    call = getattr(batches, method)
     wanted = [(e, b) for e in range(3) for b in range(batches.num_batches)]
     with ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(lambda eb: batches.get(*eb), wanted))
+        got = list(pool.map(lambda eb: call(*eb), wanted))
     for (e, b), (x, y) in zip(wanted, got):
         ex, ey = list(src.batches(4, shuffle=True, seed=4, epoch=e))[b]
         np.testing.assert_array_equal(x, ex, strict=True)
@@ -96,18 +100,6 @@ def test_take_in_order_from_one_stream_any_other_position_from_a_new_one(src, pr
     batches.close()
     np.testing.assert_array_equal(batches.take(0, 2)[1], expected[0][2][1], strict=True)  # a new stream
     assert batches.streams_started == 7
-
-
-def test_take_from_threads_at_once(src):
-    """Calls are served one at a time: positions asked out of order by racing threads still get their batch."""
-    batches = _make(src, 4)
-    wanted = [(e, b) for e in range(3) for b in range(batches.num_batches)]
-    with ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(lambda eb: batches.take(*eb), wanted))
-    for (e, b), (x, y) in zip(wanted, got):
-        ex, ey = list(src.batches(4, shuffle=True, seed=4, epoch=e))[b]
-        np.testing.assert_array_equal(x, ex, strict=True)
-        np.testing.assert_array_equal(y, ey, strict=True)
 
 
 def test_bad_arguments(src):
