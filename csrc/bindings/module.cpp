@@ -674,8 +674,9 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("peak_buffered_bytes", [](PyBlockStream& s) { return s.stream().peak_buffered_bytes(); })
       .def_property_readonly("num_blocks", [](PyBlockStream& s) { return s.stream().plan().num_blocks(); });
 
-  // Batch b of epoch e on demand (npyfeed.tf's checkpointable pipeline): one call per batch, GIL released while
-  // it gathers, so several TensorFlow threads may each wait for one.
+  // Batch b of epoch e on demand: get gathers it on its own (several threads may each wait for one); take
+  // serves it from a stream that reads ahead (npyfeed.tf's checkpointable pipeline, one call at a time). The
+  // GIL is released while either waits.
   py::class_<EpochBatches, std::shared_ptr<EpochBatches>>(m, "EpochBatches")
       .def(py::init<std::shared_ptr<WindowSource>, bool, std::uint64_t, std::size_t, std::size_t, std::size_t, bool,
                     std::size_t, std::size_t>(),
