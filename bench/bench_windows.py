@@ -808,8 +808,9 @@ def _cpu_seconds() -> float:
 def tf_element_floor(tf, batch: int, window: int, cols: int, labels: int, seconds: float) -> dict:
     """TensorFlow's own cost per element of a pipeline shaped like (f), with nothing to gather: a range mapped
     through a ``numpy_function`` that returns the same preallocated, 64-byte-aligned batch (adopted without a
-    copy), two calls in flight, prefetch; iterated by the same Python loop as the contenders. CPU us per batch
-    (all threads) and batches/s; also a bare ``range`` (the eager iterator alone)."""
+    copy), two calls in flight, prefetch; also a bare ``range``. Each read as (f) reads it, by a Python loop over
+    eager tensors, and as (fg) reads it, by ``next(iterator)`` in a ``tf.function`` loop. CPU us per batch (all
+    threads) and batches/s, keyed ``"<pipeline>"`` (eager) and ``"<pipeline>, in a tf.function"``."""
     def aligned(shape):
         nbytes = int(np.prod(shape)) * 4
         raw = np.zeros(nbytes + 64, np.uint8)
@@ -824,18 +825,38 @@ def tf_element_floor(tf, batch: int, window: int, cols: int, labels: int, second
             lambda b: tuple(tf.numpy_function(lambda _: (x, y), [b], (tf.float32, tf.float32), stateful=False)),
             num_parallel_calls=2, deterministic=True).prefetch(tf.data.AUTOTUNE),
     }
-    out = {}
-    for name, ds in pipelines.items():
-        it = iter(ds)
-        for _ in range(20):
-            next(it)
-        cpu0, t0, n = _cpu_seconds(), time.perf_counter(), 0
+
+    @tf.function
+    def take(iterator, steps):
+        for _ in tf.range(steps):
+            next(iterator)
+
+    def eager(it) -> int:
+        n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             next(it)
             n += 1
-        out[name] = {"cpu_us_per_batch": (_cpu_seconds() - cpu0) / n * 1e6,
-                     "batches_per_s": n / (time.perf_counter() - t0)}
-        del it
+        return n
+
+    def in_function(it) -> int:
+        t0 = time.perf_counter()
+        take(it, tf.constant(50, tf.int64))
+        return max(50, int(50 * seconds / max(time.perf_counter() - t0, 1e-3)))  # steps for about `seconds`
+
+    out = {}
+    for name, ds in pipelines.items():
+        for suffix in ("", ", in a tf.function"):
+            it = iter(ds)
+            take(it, tf.constant(20, tf.int64))
+            steps = in_function(it) if suffix else None
+            cpu0, t0 = _cpu_seconds(), time.perf_counter()
+            if steps is None:
+                steps = eager(it)
+            else:
+                take(it, tf.constant(steps, tf.int64))
+            out[name + suffix] = {"cpu_us_per_batch": (_cpu_seconds() - cpu0) / steps * 1e6,
+                                  "batches_per_s": steps / (time.perf_counter() - t0)}
+            del it
     return out
 
 
@@ -937,15 +958,25 @@ def main(argv=None) -> int:
         print()
         print("TensorFlow's own cost per batch, nothing gathered (the floor under (f); CPU of all threads):")
         for name, v in tf_floor.items():
-            print(f"  {name:28s} {v['cpu_us_per_batch']:8,.0f} us CPU/batch  {v['batches_per_s']:8,.0f} batches/s")
+            print(f"  {name:42s} {v['cpu_us_per_batch']:8,.0f} us CPU/batch  {v['batches_per_s']:8,.0f} batches/s")
         for dtype in args.dtypes:
             e = by.get(("e-mmap", dtype, "warm"))
-            if e and e.best_cpu_us:
-                e_batch = e.best_cpu_us * args.batch
-                floor = tf_floor["range + numpy_function"]["cpu_us_per_batch"]
-                print(f"  {dtype}: (e) mmap uses {e_batch:,.0f} us CPU/batch; with every core busy gathering, (f) can "
-                      f"reach at most {e_batch / (e_batch + floor):.2f}x (e), and its CPU/sample is at least "
-                      f"{(e_batch + floor) / e_batch:.2f}x (e)'s")
+            if not (e and e.best_cpu_us):
+                continue
+            e_batch = e.best_cpu_us * args.batch
+            cpus = common.machine_info()["cpus"]
+            if args.threads < cpus:
+                print(f"  {dtype}: (e) mmap uses {e_batch:,.0f} us CPU/batch on {args.threads} of {cpus} cores: "
+                      "TensorFlow's own CPU can run beside the gather, and (f) need not fall behind (e)")
+                continue
+            print(f"  {dtype}: (e) mmap uses {e_batch:,.0f} us CPU/batch. With every core busy gathering "
+                  f"({args.threads} threads on {cpus} cores), TensorFlow's own CPU comes out of the gather's, so at "
+                  "most:")
+            for reader, suffix in (("(f), a Python loop", ""), ("(f) in a tf.function", ", in a tf.function")):
+                for name in ("range", "range + numpy_function"):
+                    floor = tf_floor[name + suffix]["cpu_us_per_batch"]
+                    print(f"    {reader:22s} over {name + ':':24s} {e_batch / (e_batch + floor):.3f}x (e) samples/s, "
+                          f"CPU/sample >= {(e_batch + floor) / e_batch:.3f}x (e)'s")
     print()
     print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrrrlrl"))
     print()
