@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
 
 
@@ -98,3 +100,14 @@ def test_bench_shuffle_quality_quick():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = {line.split("  ")[0]: line for line in proc.stdout.splitlines()}
     assert "global shuffle" in lines and any(k.startswith("blocks, 1 keys/block") for k in lines), proc.stdout
+
+
+def test_bench_gpu_quick_on_the_cpu(tmp_path):
+    pytest.importorskip("tensorflow")
+    out = tmp_path / "gpu.json"
+    proc = run_bench("bench_gpu.py", tmp_path, "--device", "/cpu:0", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "overlap (feed + compute - both)" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["device"] == "/cpu:0" and result["matmuls"] >= 1
+    assert all(v > 0 for v in result["seconds_per_step"].values()), result

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Host-to-device overlap: does ``npyfeed.tf.dataset(..., device="/gpu:0")`` copy the next batch while the GPU
+computes on this one?
+
+``device=`` ends the pipeline with ``tf.data.experimental.prefetch_to_device``; TensorFlow's docs and
+tensorflow#43905 say that a host-to-device copy overlaps compute only from pinned (page-locked) host memory, and
+npyfeed's batch buffers are ordinary (64-byte-aligned) pages. This measures it, in one run, on one generated data
+set in the users' layout (W=100, B=256, F=256, float32), reading each measurement by ``next(iterator)`` inside a
+``tf.function`` as Keras ``fit`` does:
+
+  feed      the pipeline alone: each batch arrives on the device and is reduced there (gather + copy)
+  compute   a step of K chained (B*W, F) x (F, F) matmuls on a batch already on the device (no input at all)
+  both      the pipeline feeding that same step
+  overlap   (feed + compute - both) / min(feed, compute): 1 = the copy hides behind compute, 0 = they take turns
+
+K is calibrated first (steps of 1 and 8 matmuls) so that compute takes about as long as feed (where overlap
+matters most). Beside it, the
+limits: a plain copy of one batch host -> device (``tf.identity`` under ``tf.device``) from a fresh tensor, and the
+numpy iterator's rate over the same source (the host side alone).
+
+Without a GPU it says so and exits 0; ``--device /cpu:0`` runs every step on the CPU instead (a smoke run of the
+script: those numbers mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import npyfeed  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    common.add_data_args(p, files=120, rows=4800, cols=256, dtype="float32")
+    g = p.add_argument_group("gpu")
+    g.add_argument("--device", default=None, help="device to feed (default: the first GPU; /cpu:0 for a smoke run)")
+    g.add_argument("--window", type=int, default=100, help="window W (default 100)")
+    g.add_argument("--batch", type=int, default=256, help="batch size B (default 256)")
+    g.add_argument("--steps", type=int, default=200, help="steps per measurement (default 200)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.quick:
+        args.files, args.rows, args.cols, args.window, args.batch, args.steps, args.repeats = 8, 400, 32, 20, 32, 20, 1
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import npyfeed.tf as nftf  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415 (only this benchmark needs it)
+
+    device = args.device
+    if device is None:
+        gpus = tf.config.list_logical_devices("GPU")
+        if not gpus:
+            print("bench_gpu: no GPU visible to TensorFlow: nothing to measure (--device /cpu:0 for a smoke run)")
+            return 0
+        device = gpus[0].name
+    threads = common.resolve_threads(args.threads)
+    spec = common.DataSpec(files=args.files, rows=args.rows, cols=args.cols, dtype=args.dtype, stocks=1,
+                           window=args.window)
+    ds = common.make_dataset(args.dir, spec)
+    common.warm(ds.factor_paths + ds.label_paths)
+    src = npyfeed.WindowSource(ds.index_paths[0], str(ds.factor_dir("S000")), str(ds.label_dir("S000")),
+                               args.window, mode="mmap", threads=threads)
+    batch_bytes = args.batch * args.window * args.cols * 4
+    per_epoch = len(src) // args.batch
+    if per_epoch < 2 * args.steps + 20:
+        raise SystemExit(f"{per_epoch} batches per epoch: too few for {args.steps} steps; add --files")
+
+    with tf.device(device):
+        rows, cols = args.batch * args.window, args.cols
+        weight = tf.Variable(tf.random.stateless_normal((cols, cols), seed=(1, 2)) / np.sqrt(cols))
+        resident = tf.Variable(tf.random.stateless_normal((args.batch, args.window, cols), seed=(3, 4)))
+
+    def compute(x, k):
+        h = tf.reshape(x, (rows, cols))
+        for _ in tf.range(k):
+            h = tf.tanh(tf.matmul(h, weight))
+        return tf.reduce_sum(h)
+
+    @tf.function
+    def fed(iterator, steps, k):
+        total = tf.constant(0.0)
+        for _ in tf.range(steps):
+            x, _y = next(iterator)
+            total += compute(x, k) if k > 0 else tf.reduce_sum(x)
+        return total
+
+    @tf.function
+    def alone(steps, k):
+        total = tf.constant(0.0)
+        for i in tf.range(steps):  # the input depends on the step: nothing to hoist out of the loop
+            total += compute(resident + tf.cast(i, tf.float32) * 1e-6, k)
+        return total
+
+    def timed(fn, *a) -> float:
+        t0 = time.perf_counter()
+        fn(*a).numpy()  # the value forces the device to finish
+        return time.perf_counter() - t0
+
+    def feed_seconds(k: int, repeats: int) -> float:
+        best = float("inf")
+        for r in range(repeats):
+            it = iter(nftf.dataset(src, args.batch, shuffle=True, seed=r, device=device))
+            fed(it, tf.constant(10), tf.constant(k))  # start-up (first gathers, trace) outside the time
+            best = min(best, timed(fed, it, tf.constant(args.steps), tf.constant(k)) / args.steps)
+            del it
+        return best
+
+    def compute_seconds(k: int, repeats: int) -> float:
+        alone(tf.constant(2), tf.constant(k))
+        return min(timed(alone, tf.constant(args.steps), tf.constant(k)) / args.steps for _ in range(repeats))
+
+    def h2d_seconds(repeats: int) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            host = tf.constant(np.random.default_rng(0).random((args.batch, args.window, cols), np.float32))
+            t0 = time.perf_counter()
+            with tf.device(device):
+                tf.reduce_sum(tf.identity(host)).numpy()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    def numpy_seconds() -> float:
+        it = src.batches(args.batch, shuffle=True, seed=0)
+        try:
+            next(it)
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                next(it)
+            return (time.perf_counter() - t0) / args.steps
+        finally:
+            it.close()
+
+    feed = feed_seconds(0, args.repeats)
+    one, eight = compute_seconds(1, args.repeats), compute_seconds(8, args.repeats)
+    per_matmul = max((eight - one) / 7, 1e-9)
+    k = max(1, round((feed - (one - per_matmul)) / per_matmul))  # a step costs about (one - per_matmul) + k*per_matmul
+    comp = compute_seconds(k, args.repeats)
+    both = feed_seconds(k, args.repeats)
+    overlap = (feed + comp - both) / min(feed, comp)
+    h2d = h2d_seconds(max(3, args.repeats))
+    host = numpy_seconds()
+    ms = 1e3
+    rows_out = [
+        ["numpy iterator (host side alone)", f"{host * ms:.2f}", f"{args.batch / host:,.0f}", "-"],
+        [f"host -> device copy, one batch ({batch_bytes / 1e6:.1f} MB)", f"{h2d * ms:.2f}", "-",
+         f"{batch_bytes / h2d / 1e9:.1f} GB/s"],
+        ["feed: npyfeed.tf.dataset(device=...)", f"{feed * ms:.2f}", f"{args.batch / feed:,.0f}",
+         f"{batch_bytes / feed / 1e9:.1f} GB/s"],
+        [f"compute: {k} matmul(s) on a resident batch", f"{comp * ms:.2f}", "-", "-"],
+        ["both: the feed into that compute", f"{both * ms:.2f}", f"{args.batch / both:,.0f}", "-"],
+    ]
+    print(f"npyfeed {npyfeed.__version__} bench_gpu on {device}: {args.files} files x ({args.rows}, {args.cols}) "
+          f"{args.dtype}, W={args.window}, B={args.batch}, {args.steps} steps, best of {args.repeats}, "
+          f"threads={threads}, load {common.load_average()}")
+    print(common.format_table(("measurement", "ms/step", "samples/s", "bytes/s"), rows_out, align="lrrr"))
+    print(f"overlap (feed + compute - both) / min(feed, compute) = {overlap:.2f}  (1: the copy hides behind "
+          "compute; 0: they take turns)")
+    if args.quick:
+        print("(--quick: tiny sizes, one round; these numbers mean nothing)")
+    if args.json:
+        common.write_json(args.json, {
+            "bench": "bench_gpu", "config": vars(args), "device": device, "machine": common.machine_info(),
+            "matmuls": k, "seconds_per_step": {"numpy": host, "h2d": h2d, "feed": feed, "compute": comp, "both": both},
+            "batch_bytes": batch_bytes, "overlap": overlap})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
