@@ -6,17 +6,24 @@ computes on this one?
 tensorflow#43905 say that a host-to-device copy overlaps compute only from pinned (page-locked) host memory, and
 npyfeed's batch buffers are ordinary (64-byte-aligned) pages. This measures it, in one run, on one generated data
 set in the users' layout (W=100, B=256, F=256, float32), reading each measurement by ``next(iterator)`` inside a
-``tf.function`` as Keras ``fit`` does:
+``tf.function`` as Keras ``fit`` does. Two feeds, both ending in ``prefetch_to_device``:
 
-  feed      the pipeline alone: each batch arrives on the device and is reduced there (gather + copy)
+  npyfeed   ``npyfeed.tf.dataset(src, B, shuffle=True, device=...)``: the gather on the host, then the copy
+  ready     a ``numpy_function`` that returns the same ready, aligned batch every time: the copy alone (and
+            TensorFlow's own work per element), nothing gathered
+
+and for each:
+
+  feed      the feed alone: each batch arrives on the device and is reduced there
   compute   a step of K chained (B*W, F) x (F, F) matmuls on a batch already on the device (no input at all)
-  both      the pipeline feeding that same step
-  overlap   (feed + compute - both) / min(feed, compute): 1 = the copy hides behind compute, 0 = they take turns
+  both      the feed into that same step
+  overlap   (feed + compute - both) / min(feed, compute): 1 = feeding hides behind compute, 0 = they take turns;
+            for "ready", whether the copy itself overlaps compute; for npyfeed, whether the whole feed does
 
-K is calibrated first (steps of 1 and 8 matmuls) so that compute takes about as long as feed (where overlap
-matters most). Beside it, the
-limits: a plain copy of one batch host -> device (``tf.identity`` under ``tf.device``) from a fresh tensor, and the
-numpy iterator's rate over the same source (the host side alone).
+K is calibrated first (steps of 1 and 17 matmuls) so that compute takes about as long as npyfeed's feed (where
+overlap matters most). Beside them, the limits: a plain copy of one batch host -> device (``tf.identity`` under
+``tf.device``, from a tensor in ordinary host memory), and the numpy iterator over the same source (the host side
+alone); ``x copy`` = samples/s against the copy's.
 
 Without a GPU it says so and exits 0; ``--device /cpu:0`` runs every step on the CPU instead (a smoke run of the
 script: those numbers mean nothing).
@@ -34,6 +41,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import npyfeed  # noqa: E402
+
+MAX_MATMULS = 4096  # a bound on K, whatever the calibration says
 
 
 def parse_args(argv=None):
@@ -76,8 +85,8 @@ def main(argv=None) -> int:
     if per_epoch < 2 * args.steps + 20:
         raise SystemExit(f"{per_epoch} batches per epoch: too few for {args.steps} steps; add --files")
 
+    rows, cols = args.batch * args.window, args.cols
     with tf.device(device):
-        rows, cols = args.batch * args.window, args.cols
         weight = tf.Variable(tf.random.stateless_normal((cols, cols), seed=(1, 2)) / np.sqrt(cols))
         resident = tf.Variable(tf.random.stateless_normal((args.batch, args.window, cols), seed=(3, 4)))
 
@@ -90,41 +99,61 @@ def main(argv=None) -> int:
     @tf.function
     def fed(iterator, steps, k):
         total = tf.constant(0.0)
-        for _ in tf.range(steps):
-            x, _y = next(iterator)
-            total += compute(x, k) if k > 0 else tf.reduce_sum(x)
+        with tf.device(device):
+            for _ in tf.range(steps):
+                x, _y = next(iterator)
+                total += compute(x, k) if k > 0 else tf.reduce_sum(x)
         return total
 
     @tf.function
     def alone(steps, k):
         total = tf.constant(0.0)
-        for i in tf.range(steps):  # the input depends on the step: nothing to hoist out of the loop
-            total += compute(resident + tf.cast(i, tf.float32) * 1e-6, k)
+        with tf.device(device):
+            for i in tf.range(steps):  # the input depends on the step: nothing to hoist out of the loop
+                total += compute(resident + tf.cast(i, tf.float32) * 1e-6, k)
         return total
 
     def timed(fn, *a) -> float:
         t0 = time.perf_counter()
-        fn(*a).numpy()  # the value forces the device to finish
+        fn(*a).numpy()  # the value waits for the device to finish
         return time.perf_counter() - t0
 
-    def feed_seconds(k: int, repeats: int) -> float:
+    def aligned(shape):
+        nbytes = int(np.prod(shape)) * 4
+        raw = np.zeros(nbytes + 64, np.uint8)
+        off = (-raw.ctypes.data) % 64
+        return raw[off:off + nbytes].view(np.float32).reshape(shape)
+
+    ready_x, ready_y = aligned((args.batch, args.window, cols)), aligned((args.batch, *src.y_shape))
+    ready_x[...] = 1.0
+
+    def ready_dataset(_seed):
+        ds = tf.data.Dataset.range(2**62).map(
+            lambda b: tuple(tf.numpy_function(lambda _: (ready_x, ready_y), [b], (tf.float32, tf.float32),
+                                              stateful=False)))
+        return ds.prefetch(2).apply(tf.data.experimental.prefetch_to_device(device))
+
+    feeds = {"npyfeed": lambda seed: nftf.dataset(src, args.batch, shuffle=True, seed=seed, device=device),
+             "ready": ready_dataset}
+
+    def feed_seconds(name: str, k: int) -> float:
         best = float("inf")
-        for r in range(repeats):
-            it = iter(nftf.dataset(src, args.batch, shuffle=True, seed=r, device=device))
-            fed(it, tf.constant(10), tf.constant(k))  # start-up (first gathers, trace) outside the time
+        for r in range(args.repeats):
+            it = iter(feeds[name](r))
+            fed(it, tf.constant(10), tf.constant(k)).numpy()  # start-up (first gathers, trace) outside the time
             best = min(best, timed(fed, it, tf.constant(args.steps), tf.constant(k)) / args.steps)
             del it
         return best
 
-    def compute_seconds(k: int, repeats: int) -> float:
-        alone(tf.constant(2), tf.constant(k))
-        return min(timed(alone, tf.constant(args.steps), tf.constant(k)) / args.steps for _ in range(repeats))
+    def compute_seconds(k: int) -> float:
+        alone(tf.constant(2), tf.constant(k)).numpy()
+        return min(timed(alone, tf.constant(args.steps), tf.constant(k)) / args.steps for _ in range(args.repeats))
 
-    def h2d_seconds(repeats: int) -> float:
+    def h2d_seconds() -> float:
         best = float("inf")
-        for _ in range(repeats):
-            with tf.device("/cpu:0"):  # ordinary (pageable) host memory, as npyfeed's batches are
-                host = tf.constant(np.random.default_rng(0).random((args.batch, args.window, cols), np.float32))
+        with tf.device("/cpu:0"):  # ordinary (pageable) host memory, as npyfeed's batches are
+            host = tf.constant(np.random.default_rng(0).random((args.batch, args.window, cols), np.float32))
+        for _ in range(max(3, args.repeats)):
             t0 = time.perf_counter()
             with tf.device(device):
                 tf.reduce_sum(tf.identity(host)).numpy()
@@ -142,38 +171,52 @@ def main(argv=None) -> int:
         finally:
             it.close()
 
-    feed = feed_seconds(0, args.repeats)
-    one, eight = compute_seconds(1, args.repeats), compute_seconds(8, args.repeats)
-    per_matmul = max((eight - one) / 7, 1e-9)
-    k = max(1, round((feed - (one - per_matmul)) / per_matmul))  # a step costs about (one - per_matmul) + k*per_matmul
-    comp = compute_seconds(k, args.repeats)
-    both = feed_seconds(k, args.repeats)
-    overlap = (feed + comp - both) / min(feed, comp)
-    h2d = h2d_seconds(max(3, args.repeats))
+    feed = {name: feed_seconds(name, 0) for name in feeds}
+    one, seventeen = compute_seconds(1), compute_seconds(17)
+    if seventeen > 1.2 * one:
+        per_matmul = (seventeen - one) / 16
+        k = round((feed["npyfeed"] - (one - per_matmul)) / per_matmul)  # a step: (one - per_matmul) + k*per_matmul
+        k = min(max(k, 1), MAX_MATMULS)
+    else:
+        k = 16
+        print(f"bench_gpu: 17 matmuls took {seventeen * 1e3:.3f} ms a step, 1 took {one * 1e3:.3f} ms: too close to "
+              f"calibrate, K = {k}")
+    comp = compute_seconds(k)
+    both = {name: feed_seconds(name, k) for name in feeds}
+    overlap = {name: (feed[name] + comp - both[name]) / min(feed[name], comp) for name in feeds}
+    h2d = h2d_seconds()
     host = numpy_seconds()
-    ms = 1e3
+
+    def row(label, seconds, samples=True):
+        rate = f"{args.batch / seconds:,.0f}" if samples else "-"
+        return [label, f"{seconds * 1e3:.2f}", rate, f"{h2d / seconds:.2f}x" if samples else "-"]
+
     rows_out = [
-        ["numpy iterator (host side alone)", f"{host * ms:.2f}", f"{args.batch / host:,.0f}", "-"],
-        [f"host -> device copy of one batch ({batch_bytes / 1e6:.1f} MB), unpinned", f"{h2d * ms:.2f}", "-",
-         f"{batch_bytes / h2d / 1e9:.1f} GB/s"],
-        ["feed: npyfeed.tf.dataset(device=...)", f"{feed * ms:.2f}", f"{args.batch / feed:,.0f}",
-         f"{batch_bytes / feed / 1e9:.1f} GB/s"],
-        [f"compute: {k} matmul(s) on a resident batch", f"{comp * ms:.2f}", "-", "-"],
-        ["both: the feed into that compute", f"{both * ms:.2f}", f"{args.batch / both:,.0f}", "-"],
+        row("numpy iterator (the host side alone)", host),
+        row(f"host -> device copy of one batch ({batch_bytes / 1e6:.1f} MB, unpinned): "
+            f"{batch_bytes / h2d / 1e9:.1f} GB/s", h2d),
+        row("feed npyfeed: npyfeed.tf.dataset(device=...)", feed["npyfeed"]),
+        row("feed ready: a ready batch, copied", feed["ready"]),
+        row(f"compute: {k} matmul(s) on a resident batch", comp, samples=False),
+        row("both: npyfeed into that compute", both["npyfeed"]),
+        row("both: ready into that compute", both["ready"]),
     ]
     print(f"npyfeed {npyfeed.__version__} bench_gpu on {device}: {args.files} files x ({args.rows}, {args.cols}) "
           f"{args.dtype}, W={args.window}, B={args.batch}, {args.steps} steps, best of {args.repeats}, "
           f"threads={threads}, load {common.load_average()}")
-    print(common.format_table(("measurement", "ms/step", "samples/s", "bytes/s"), rows_out, align="lrrr"))
-    print(f"overlap (feed + compute - both) / min(feed, compute) = {overlap:.2f}  (1: the copy hides behind "
-          "compute; 0: they take turns)")
+    print(common.format_table(("measurement", "ms/step", "samples/s", "x copy"), rows_out, align="lrrr"))
+    for name in feeds:
+        print(f"overlap {name:7s} (feed + compute - both) / min(feed, compute) = {overlap[name]:.2f}  (1: feeding "
+              "hides behind compute; 0: they take turns)")
     if args.quick:
         print("(--quick: tiny sizes, one round; these numbers mean nothing)")
     if args.json:
         common.write_json(args.json, {
             "bench": "bench_gpu", "config": vars(args), "device": device, "machine": common.machine_info(),
-            "matmuls": k, "seconds_per_step": {"numpy": host, "h2d": h2d, "feed": feed, "compute": comp, "both": both},
-            "batch_bytes": batch_bytes, "overlap": overlap})
+            "matmuls": k, "batch_bytes": batch_bytes, "overlap": overlap,
+            "seconds_per_step": {"numpy": host, "h2d": h2d, "compute": comp,
+                                 **{f"feed_{n}": v for n, v in feed.items()},
+                                 **{f"both_{n}": v for n, v in both.items()}}})
     return 0
 
 

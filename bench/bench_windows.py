@@ -959,24 +959,24 @@ def main(argv=None) -> int:
         print("TensorFlow's own cost per batch, nothing gathered (the floor under (f); CPU of all threads):")
         for name, v in tf_floor.items():
             print(f"  {name:42s} {v['cpu_us_per_batch']:8,.0f} us CPU/batch  {v['batches_per_s']:8,.0f} batches/s")
+        cpus = common.machine_info()["cpus"]
         for dtype in args.dtypes:
             e = by.get(("e-mmap", dtype, "warm"))
             if not (e and e.best_cpu_us):
                 continue
             e_batch = e.best_cpu_us * args.batch
-            cpus = common.machine_info()["cpus"]
             if args.threads < cpus:
                 print(f"  {dtype}: (e) mmap uses {e_batch:,.0f} us CPU/batch on {args.threads} of {cpus} cores: "
                       "TensorFlow's own CPU can run beside the gather, and (f) need not fall behind (e)")
                 continue
             print(f"  {dtype}: (e) mmap uses {e_batch:,.0f} us CPU/batch. With every core busy gathering "
-                  f"({args.threads} threads on {cpus} cores), TensorFlow's own CPU comes out of the gather's, so at "
-                  "most:")
+                  f"({args.threads} threads on {cpus} cores), TensorFlow's own CPU comes out of the gather's, and (f) "
+                  "can reach about (an estimate: that CPU includes TensorFlow's threads spinning for work):")
             for reader, suffix in (("(f), a Python loop", ""), ("(f) in a tf.function", ", in a tf.function")):
                 for name in ("range", "range + numpy_function"):
                     floor = tf_floor[name + suffix]["cpu_us_per_batch"]
                     print(f"    {reader:22s} over {name + ':':24s} {e_batch / (e_batch + floor):.3f}x (e) samples/s, "
-                          f"CPU/sample >= {(e_batch + floor) / e_batch:.3f}x (e)'s")
+                          f"CPU/sample {(e_batch + floor) / e_batch:.3f}x (e)'s")
     print()
     print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrrrlrl"))
     print()

@@ -107,7 +107,9 @@ def test_bench_gpu_quick_on_the_cpu(tmp_path):
     out = tmp_path / "gpu.json"
     proc = run_bench("bench_gpu.py", tmp_path, "--device", "/cpu:0", "--json", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "overlap (feed + compute - both)" in proc.stdout
+    assert "overlap npyfeed (feed + compute - both)" in proc.stdout and "overlap ready" in proc.stdout
     result = json.loads(out.read_text())
     assert result["device"] == "/cpu:0" and result["matmuls"] >= 1
-    assert all(v > 0 for v in result["seconds_per_step"].values()), result
+    seconds = result["seconds_per_step"]
+    assert set(seconds) == {"numpy", "h2d", "compute", "feed_npyfeed", "feed_ready", "both_npyfeed", "both_ready"}
+    assert all(v > 0 for v in seconds.values()), result
