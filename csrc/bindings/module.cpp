@@ -712,7 +712,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("streams_started", &BlockBatches::streams_started)
       .def("close", [](BlockBatches& batches) { without_gil([&] { batches.close(); }); })
       .def("take", [](BlockBatches& batches, std::uint64_t epoch, std::size_t batch) {
-        return wrap_window_batch(batches.source(), without_gil([&] { return batches.get(epoch, batch); }));
+        return wrap_window_batch(batches.source(), without_gil([&] { return batches.take(epoch, batch); }));
       });
 
   m.def(

@@ -36,10 +36,10 @@ class BlockBatches {
   std::size_t num_batches() const noexcept { return num_batches_; }
   /// Batch `batch` of epoch `epoch`, complete (waits for its reads and its gather). Throws IndexOutOfRange
   /// unless batch < num_batches(); rethrows a failed read or gather (the next call starts a new stream).
-  WindowBatch get(std::uint64_t epoch, std::size_t batch);
+  WindowBatch take(std::uint64_t epoch, std::size_t batch);
   /// Streams started so far (the first, and one per position that was not the next one; for tests).
   std::size_t streams_started() const { return stream_->streams_started(); }
-  /// Closes the stream (cancels its reads). get() afterwards starts a new one.
+  /// Closes the stream (cancels its reads). take() afterwards starts a new one.
   void close() { stream_->close(); }
 
  private:

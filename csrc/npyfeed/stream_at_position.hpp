@@ -25,7 +25,7 @@ class StreamAtPosition {
   /// Batch `batch` of epoch `epoch`. Throws IndexOutOfRange unless batch < num_batches; rethrows a failed
   /// read or gather (the next call starts a new stream at its position).
   template <class Make>
-  WindowBatch get(std::uint64_t epoch, std::size_t batch, const Make& make) {
+  WindowBatch take(std::uint64_t epoch, std::size_t batch, const Make& make) {
     if (batch >= num_batches_) {
       throw IndexOutOfRange("batch " + std::to_string(batch) + " out of range for " + std::to_string(num_batches_) +
                             " batches per epoch");

@@ -22,8 +22,8 @@ BlockBatches::BlockBatches(std::shared_ptr<WindowSource> source, std::uint64_t m
 
 BlockBatches::~BlockBatches() { close(); }
 
-WindowBatch BlockBatches::get(std::uint64_t epoch, std::size_t batch) {
-  return stream_->get(epoch, batch, [&](std::uint64_t e, std::size_t b) {
+WindowBatch BlockBatches::take(std::uint64_t epoch, std::size_t batch) {
+  return stream_->take(epoch, batch, [&](std::uint64_t e, std::size_t b) {
     return std::make_unique<BlockStream>(source_, memory_budget_, seed_, e, num_shards_, shard_index_, batch_size_,
                                          drop_remainder_, prefetch_, b);
   });

@@ -41,7 +41,7 @@ std::pair<WindowBatch, std::shared_ptr<Job>> EpochBatches::start(std::uint64_t e
 EpochBatches::~EpochBatches() { close(); }
 
 WindowBatch EpochBatches::take(std::uint64_t epoch, std::size_t batch) {
-  return stream_->get(epoch, batch, [&](std::uint64_t e, std::size_t b) {
+  return stream_->take(epoch, batch, [&](std::uint64_t e, std::size_t b) {
     EpochOrder order(source_->size(), shuffle_, seed_, shuffle_ ? e : 0, num_shards_, shard_index_);
     return std::make_unique<BatchStream>(source_, std::move(order), batch_size_, drop_remainder_, prefetch_, b);
   });

@@ -7,6 +7,7 @@
 // Mirrors tests/test_blocks.py.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -208,10 +209,10 @@ TEST_CASE("block batches: batch b of epoch e is the stream's, in order with one 
       for (std::uint64_t epoch : {4, 5}) {
         const auto want = stream_batches(source, budget, epoch, shards, shard, 9, drop);
         REQUIRE(batches.num_batches() == want.size());
-        for (std::size_t b = 0; b < want.size(); ++b) CHECK(floats_of(batches.get(epoch, b)) == want[b]);
+        for (std::size_t b = 0; b < want.size(); ++b) CHECK(floats_of(batches.take(epoch, b)) == want[b]);
       }
       CHECK_EQ(batches.streams_started(), 2u);  // in order: one stream per epoch, none restarted
-      CHECK_THROWS(IndexOutOfRange, batches.get(4, batches.num_batches()));
+      CHECK_THROWS(IndexOutOfRange, batches.take(4, batches.num_batches()));
     }
   }
 }
@@ -227,12 +228,29 @@ TEST_CASE("block batches: any position (a restore, a jump back, a repeat) gives 
   REQUIRE(e0.size() > 20);
   const std::vector<std::pair<std::uint64_t, std::size_t>> positions{
       {1, 13}, {1, 14}, {0, 3}, {0, 3}, {1, 0}, {0, e0.size() - 1}, {1, 14}, {1, 15}, {0, 2}};
-  for (auto [epoch, b] : positions) CHECK(floats_of(batches.get(epoch, b)) == (epoch == 0 ? e0 : e1)[b]);
+  for (auto [epoch, b] : positions) CHECK(floats_of(batches.take(epoch, b)) == (epoch == 0 ? e0 : e1)[b]);
   // A new stream for every position but those that followed the previous one ((1, 14) after (1, 13), ...).
   CHECK_EQ(batches.streams_started(), 7u);
   CHECK_THROWS(InvalidArgument, BlockBatches(source, 0, 5, 1, 0, 7, false, 2));
   CHECK_THROWS(InvalidArgument, BlockBatches(source, budget, 5, 2, 2, 7, false, 2));
   CHECK_THROWS(InvalidArgument, BlockBatches(source, budget, 5, 1, 0, 0, false, 2));
+}
+
+// Four threads take every batch of `epoch` at once, two on each half of the positions (interleaved): true when
+// each got the batch it asked for.
+template <class Batches>
+bool racing_threads_get_their_batches(Batches& batches, std::uint64_t epoch, const std::vector<Floats>& want) {
+  std::vector<int> ok(4, 1);
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < ok.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (std::size_t b = t; b < want.size(); b += 2) {
+        if (floats_of(batches.take(epoch, b)) != want[b]) ok[t] = 0;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return std::all_of(ok.begin(), ok.end(), [](int v) { return v == 1; });
 }
 
 TEST_CASE("block batches: threads asking at once each get the batch they asked for") {
@@ -242,19 +260,9 @@ TEST_CASE("block batches: threads asking at once each get the batch they asked f
   auto source = open_source(files, ReadMode::kMmap);
   BlockBatches batches(source, budget, 5, 1, 0, 6, false, 2);
   const auto want = stream_batches(source, budget, 2, 1, 0, 6, false);
-  std::vector<int> ok(4, 1);
-  std::vector<std::thread> threads;
-  for (std::size_t t = 0; t < ok.size(); ++t) {
-    threads.emplace_back([&, t] {
-      for (std::size_t b = t; b < want.size(); b += 2) {  // two threads on each half: interleaved positions
-        if (floats_of(batches.get(2, b)) != want[b]) ok[t] = 0;
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int v : ok) CHECK(v == 1);
+  CHECK(racing_threads_get_their_batches(batches, 2, want));
   batches.close();
-  CHECK(floats_of(batches.get(2, 0)) == want[0]);  // usable after close
+  CHECK(floats_of(batches.take(2, 0)) == want[0]);  // usable after close
 }
 
 TEST_CASE("epoch batches: take in order, out of order and from threads equals start") {
@@ -275,17 +283,7 @@ TEST_CASE("epoch batches: take in order, out of order and from threads equals st
   CHECK(floats_of(batches.take(3, 3)) == want[3]);
   CHECK_EQ(batches.streams_started(), 2u);
   CHECK(floats_of(batches.take(4, 0)) == started(4, 0));
-  std::vector<int> ok(4, 1);
-  std::vector<std::thread> threads;
-  for (std::size_t t = 0; t < ok.size(); ++t) {
-    threads.emplace_back([&, t] {
-      for (std::size_t b = t; b < want.size(); b += 2) {  // two threads on each half: interleaved positions
-        if (floats_of(batches.take(3, b)) != want[b]) ok[t] = 0;
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int v : ok) CHECK(v == 1);
+  CHECK(racing_threads_get_their_batches(batches, 3, want));
   batches.close();
   CHECK(floats_of(batches.take(3, 1)) == want[1]);  // usable after close
   CHECK_THROWS(IndexOutOfRange, batches.take(3, want.size()));
