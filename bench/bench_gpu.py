@@ -118,13 +118,8 @@ def main(argv=None) -> int:
         fn(*a).numpy()  # the value waits for the device to finish
         return time.perf_counter() - t0
 
-    def aligned(shape):
-        nbytes = int(np.prod(shape)) * 4
-        raw = np.zeros(nbytes + 64, np.uint8)
-        off = (-raw.ctypes.data) % 64
-        return raw[off:off + nbytes].view(np.float32).reshape(shape)
-
-    ready_x, ready_y = aligned((args.batch, args.window, cols)), aligned((args.batch, *src.y_shape))
+    ready_x = common.aligned_float32((args.batch, args.window, cols))
+    ready_y = common.aligned_float32((args.batch, *src.y_shape))
     ready_x[...] = 1.0
 
     def ready_dataset(_seed):

@@ -811,13 +811,7 @@ def tf_element_floor(tf, batch: int, window: int, cols: int, labels: int, second
     copy), two calls in flight, prefetch; also a bare ``range``. Each read as (f) reads it, by a Python loop over
     eager tensors, and as (fg) reads it, by ``next(iterator)`` in a ``tf.function`` loop. CPU us per batch (all
     threads) and batches/s, keyed ``"<pipeline>"`` (eager) and ``"<pipeline>, in a tf.function"``."""
-    def aligned(shape):
-        nbytes = int(np.prod(shape)) * 4
-        raw = np.zeros(nbytes + 64, np.uint8)
-        off = (-raw.ctypes.data) % 64
-        return raw[off:off + nbytes].view(np.float32).reshape(shape)
-
-    x, y = aligned((batch, window, cols)), aligned((batch, labels))
+    x, y = common.aligned_float32((batch, window, cols)), common.aligned_float32((batch, labels))
     positions = tf.data.Dataset.range(2**62)
     pipelines = {
         "range": positions.map(lambda b: (b, b)),

@@ -299,6 +299,15 @@ def memcpy_bandwidth(threads: int, nbytes_per_thread: int = 256 << 20, repeats: 
     return threads * n * 8 / best / GB
 
 
+def aligned_float32(shape: tuple) -> np.ndarray:
+    """Zeros of `shape`, float32, at a 64-byte-aligned address: what TensorFlow adopts without a copy when a
+    ``numpy_function`` returns it (numpy's own large allocations sit at 16 mod 64)."""
+    nbytes = int(np.prod(shape)) * 4
+    raw = np.zeros(nbytes + 64, np.uint8)
+    off = (-raw.ctypes.data) % 64
+    return raw[off:off + nbytes].view(np.float32).reshape(shape)
+
+
 def fresh_buffer(nbytes: int) -> mmap.mmap:
     """A new private anonymous mapping of `nbytes`, as malloc returns a multi-MB block: untouched pages.
 
