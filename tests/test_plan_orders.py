@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import hashlib
 
+import npyfeed
 import numpy as np
 import pytest
-
-import npyfeed
 
 # sha256 of the int64 ids of epoch_order(epoch, shuffle=..., seed=7, num_shards=n, shard_index=i,
 # memory_budget=BUDGET) over the data set below, as computed by npyfeed 0.2.0 before the plan existed.

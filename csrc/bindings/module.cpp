@@ -9,11 +9,8 @@
 #include <optional>
 #include <type_traits>
 
-#include "npyfeed/batch_stream.hpp"
-#include "npyfeed/block_batches.hpp"
 #include "npyfeed/block_stream.hpp"
-#include "npyfeed/epoch_batches.hpp"
-#include "npyfeed/epoch_order.hpp"
+#include "npyfeed/epoch_plan.hpp"
 #include "npyfeed/errors.hpp"
 #include "npyfeed/index.hpp"
 #include "npyfeed/index_cache.hpp"
@@ -170,6 +167,13 @@ auto without_gil(F&& fn) -> decltype(fn()) {
     if (error) std::rethrow_exception(error);
     return std::move(*result);
   }
+}
+
+// The thread that runs Python's signal handlers (threading.main_thread(), asked once).
+unsigned long main_thread_id() {
+  static const unsigned long id =
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  return id;
 }
 
 bool interpreter_finalizing() {
@@ -385,12 +389,19 @@ WindowOptions window_options(std::int64_t window, const std::string& dtype, cons
   return o;
 }
 
-// A BatchStream (or a BlockStream, shuffle="blocks") as a Python iterator.
-template <class Stream>
+// Waits for `job` with the GIL released, in slices, running Python's signal handlers between them: a Ctrl-C
+// raises KeyboardInterrupt here. The job's memory belongs to its stream, which cancels it when dropped.
+void wait_for_stream_job(Job& job) {
+  while (!without_gil([&] { return job.wait_for(std::chrono::milliseconds(50)); })) {
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+// An epoch's stream of batches (EpochPlan::stream) as a Python iterator.
 class PyStream {
  public:
-  PyStream(std::shared_ptr<WindowSource> source, std::unique_ptr<Stream> stream)
-      : source_(std::move(source)), stream_(std::move(stream)) {}
+  PyStream(std::shared_ptr<const EpochPlan> plan, std::unique_ptr<EpochStream> stream)
+      : plan_(std::move(plan)), stream_(std::move(stream)) {}
   ~PyStream() {
     // Waiting for read-ahead in flight takes a few ms; during interpreter exit keep the GIL for it
     // (this may be a thread that could not take it back).
@@ -404,30 +415,22 @@ class PyStream {
     if (!stream_) throw py::stop_iteration();
     std::shared_ptr<Job> job = without_gil([&] { return stream_->next_job(); });
     if (!job) throw py::stop_iteration();
-    wait_for_batch(*job);
+    wait_for_stream_job(*job);
     WindowBatch batch = without_gil([&] { return stream_->take(); });
     if (!batch.x) throw py::stop_iteration();  // closed by another thread while we waited
-    return wrap_window_batch(*source_, batch);
+    return wrap_window_batch(plan_->source(), batch);
   }
   void close() {
     if (stream_) without_gil([&] { stream_->close(); });
   }
   std::size_t num_batches() const { return stream_ ? stream_->num_batches() : 0; }
-  Stream& stream() { return *stream_; }
+  // shuffle="blocks": the stream's memory accounting (null otherwise).
+  const BlockStream* blocks() const { return dynamic_cast<const BlockStream*>(stream_.get()); }
 
  private:
-  // Like wait_interruptibly, but the stream owns the batch memory: an interrupt leaves the job to it.
-  static void wait_for_batch(Job& job) {
-    while (!without_gil([&] { return job.wait_for(std::chrono::milliseconds(50)); })) {
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    }
-  }
-
-  std::shared_ptr<WindowSource> source_;
-  std::unique_ptr<Stream> stream_;
+  std::shared_ptr<const EpochPlan> plan_;
+  std::unique_ptr<EpochStream> stream_;
 };
-using PyBatchStream = PyStream<BatchStream>;
-using PyBlockStream = PyStream<BlockStream>;
 
 std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::vector<std::string>& factor_paths,
                                                 const std::vector<std::string>& label_paths, std::int64_t window,
@@ -585,13 +588,6 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("keys", [](const SampleIndex& i) { return i.keys; });
 
   m.def(
-      "read_index_files",
-      [](const std::vector<std::string>& paths, std::size_t threads) {
-        return without_gil([&] { return read_index_files(paths, threads); });
-      },
-      py::arg("paths"), py::arg("threads") = 1);
-
-  m.def(
       "load_index",
       [](const std::vector<std::string>& paths, const std::string& cache_dir, std::size_t threads) {
         IndexLoad load = without_gil([&] { return load_index(paths, cache_dir, threads); });
@@ -627,93 +623,80 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("x_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.x_shape())); })
       .def_property_readonly("y_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.y_shape())); })
       .def("describe", &WindowSource::describe)
-      .def("get",
-           [](const std::shared_ptr<WindowSource>& s,
-              const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& ids) {
-             auto [batch, job] = s->start_batch(shared_pool(0, s->options().placement), int64_vector(ids));
-             wait_interruptibly(job);
-             return wrap_window_batch(*s, batch);
+      .def("get", [](const std::shared_ptr<WindowSource>& s,
+                     const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& ids) {
+        auto [batch, job] = s->start_batch(shared_pool(0, s->options().placement), int64_vector(ids));
+        wait_interruptibly(job);
+        return wrap_window_batch(*s, batch);
+      });
+
+  py::class_<PyStream>(m, "BatchStream")
+      .def("__next__", &PyStream::next)
+      .def("close", &PyStream::close)
+      .def_property_readonly("num_batches", &PyStream::num_batches)
+      .def_property_readonly("buffered_bytes",
+                             [](const PyStream& s) { return s.blocks() ? s.blocks()->buffered_bytes() : 0; })
+      .def_property_readonly("peak_buffered_bytes",
+                             [](const PyStream& s) { return s.blocks() ? s.blocks()->peak_buffered_bytes() : 0; })
+      .def_property_readonly("num_blocks",
+                             [](const PyStream& s) { return s.blocks() ? s.blocks()->plan().num_blocks() : 0; });
+
+  // shuffle="blocks" groups a source's samples by key once (one pass over the index); its plans share it.
+  py::class_<SamplesByKey, std::shared_ptr<SamplesByKey>>(m, "SamplesByKey")
+      .def_property_readonly("runs", &SamplesByKey::runs);
+
+  // "Batch b of epoch e": ids and order without IO; take from a stream positioned at the next batch (one call
+  // at a time, from any thread; GIL released while it waits, Ctrl-C interrupts it); stream for an iterator.
+  py::class_<EpochPlan, std::shared_ptr<EpochPlan>>(m, "Plan")
+      .def(py::init([](std::shared_ptr<WindowSource> source, const std::string& shuffle, std::uint64_t seed,
+                       std::size_t num_shards, std::size_t shard_index, std::size_t batch_size, bool drop_remainder,
+                       std::uint64_t memory_budget, std::size_t prefetch, std::shared_ptr<SamplesByKey> samples) {
+             const EpochSpec spec(parse_shuffle(shuffle), seed, num_shards, shard_index, batch_size, drop_remainder,
+                                  memory_budget);
+             return without_gil(
+                 [&] { return std::make_shared<EpochPlan>(std::move(source), spec, prefetch, std::move(samples)); });
+           }),
+           py::arg("source"), py::arg("shuffle"), py::arg("seed"), py::arg("num_shards"), py::arg("shard_index"),
+           py::arg("batch_size"), py::arg("drop_remainder"), py::arg("memory_budget"), py::arg("prefetch"),
+           py::arg("samples_by_key") = nullptr)
+      .def("__len__", &EpochPlan::num_batches)
+      .def_property_readonly("shard_size", &EpochPlan::shard_size)
+      .def_property_readonly(
+          "samples_by_key",
+          [](const EpochPlan& p) { return std::const_pointer_cast<SamplesByKey>(p.samples_by_key()); })
+      .def_property_readonly("streams_started", &EpochPlan::streams_started)
+      .def("ids",
+           [](const EpochPlan& p, std::uint64_t epoch, std::size_t batch) {
+             std::vector<std::int64_t> ids = without_gil([&] { return p.ids(epoch, batch); });
+             return py::array_t<std::int64_t>(static_cast<py::ssize_t>(ids.size()), ids.data());
+           })
+      .def("order",
+           [](const EpochPlan& p, std::uint64_t epoch) {
+             std::vector<std::int64_t> ids = without_gil([&] { return p.order(epoch); });
+             return py::array_t<std::int64_t>(static_cast<py::ssize_t>(ids.size()), ids.data());
+           })
+      .def("take",
+           [](EpochPlan& p, std::uint64_t epoch, std::size_t batch) {
+             // A thread that may handle signals (the main one) waits in slices to notice Ctrl-C; others wait.
+             const bool main_thread = PyThread_get_thread_ident() == main_thread_id();
+             WaitFor wait;
+             if (main_thread) {
+               wait = [](Job& job) {
+                 while (!job.wait_for(std::chrono::milliseconds(50))) {
+                   py::gil_scoped_acquire gil;
+                   if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+                 }
+               };
+             }
+             WindowBatch b = without_gil([&] { return p.take(epoch, batch, wait); });
+             return wrap_window_batch(p.source(), b);
            })
       .def("stream",
-           [](const std::shared_ptr<WindowSource>& s, bool shuffle, std::uint64_t seed, std::uint64_t epoch,
-              std::size_t num_shards, std::size_t shard_index, std::size_t batch_size, bool drop_remainder,
-              std::size_t prefetch, std::size_t start_batch) {
-             EpochOrder order(s->size(), shuffle, seed, epoch, num_shards, shard_index);
-             return std::make_unique<PyBatchStream>(
-                 s,
-                 std::make_unique<BatchStream>(s, std::move(order), batch_size, drop_remainder, prefetch, start_batch));
+           [](const std::shared_ptr<EpochPlan>& p, std::uint64_t epoch, std::size_t start_batch, std::size_t prefetch) {
+             auto stream = without_gil([&] { return p->stream(epoch, start_batch, prefetch); });
+             return std::make_unique<PyStream>(p, std::move(stream));
            })
-      .def("block_stream",
-           [](const std::shared_ptr<WindowSource>& s, std::uint64_t memory_budget, std::uint64_t seed,
-              std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index, std::size_t batch_size,
-              bool drop_remainder, std::size_t prefetch, std::size_t start_batch) {
-             auto stream = without_gil([&] {
-               return std::make_unique<BlockStream>(s, memory_budget, seed, epoch, num_shards, shard_index, batch_size,
-                                                    drop_remainder, prefetch, start_batch);
-             });
-             return std::make_unique<PyBlockStream>(s, std::move(stream));
-           })
-      .def("block_epoch_order", [](const std::shared_ptr<WindowSource>& s, std::uint64_t memory_budget,
-                                   std::uint64_t seed, std::uint64_t epoch, std::size_t num_shards,
-                                   std::size_t shard_index) {
-        std::vector<std::int64_t> order =
-            without_gil([&] { return block_epoch_order(*s, memory_budget, seed, epoch, num_shards, shard_index); });
-        return py::array_t<std::int64_t>(order.size(), order.data());
-      });
-
-  py::class_<PyBatchStream>(m, "BatchStream")
-      .def("__next__", &PyBatchStream::next)
-      .def("close", &PyBatchStream::close)
-      .def_property_readonly("num_batches", &PyBatchStream::num_batches);
-
-  py::class_<PyBlockStream>(m, "BlockStream")
-      .def("__next__", &PyBlockStream::next)
-      .def("close", &PyBlockStream::close)
-      .def_property_readonly("num_batches", &PyBlockStream::num_batches)
-      .def_property_readonly("buffered_bytes", [](PyBlockStream& s) { return s.stream().buffered_bytes(); })
-      .def_property_readonly("peak_buffered_bytes", [](PyBlockStream& s) { return s.stream().peak_buffered_bytes(); })
-      .def_property_readonly("num_blocks", [](PyBlockStream& s) { return s.stream().plan().num_blocks(); });
-
-  // Batch b of epoch e on demand: get gathers it on its own (several threads may each wait for one); take
-  // serves it from a stream that reads ahead (npyfeed.tf's checkpointable pipeline, one call at a time). The
-  // GIL is released while either waits.
-  py::class_<EpochBatches, std::shared_ptr<EpochBatches>>(m, "EpochBatches")
-      .def(py::init<std::shared_ptr<WindowSource>, bool, std::uint64_t, std::size_t, std::size_t, std::size_t, bool,
-                    std::size_t, std::size_t>(),
-           py::arg("source"), py::arg("shuffle"), py::arg("seed"), py::arg("num_shards"), py::arg("shard_index"),
-           py::arg("batch_size"), py::arg("drop_remainder"), py::arg("max_kept"), py::arg("prefetch") = 2)
-      .def_property_readonly("num_batches", &EpochBatches::num_batches)
-      .def_property_readonly("streams_started", &EpochBatches::streams_started)
-      .def("close", [](EpochBatches& batches) { without_gil([&] { batches.close(); }); })
-      .def("get",
-           [](EpochBatches& batches, std::uint64_t epoch, std::size_t batch) {
-             auto [b, job] = without_gil([&] { return batches.start(epoch, batch); });
-             wait_interruptibly(job);
-             return wrap_window_batch(batches.source(), b);
-           })
-      .def("take", [](EpochBatches& batches, std::uint64_t epoch, std::size_t batch) {
-        return wrap_window_batch(batches.source(), without_gil([&] { return batches.take(epoch, batch); }));
-      });
-
-  // The same for shuffle="blocks": one stream positioned at the next batch; any other position starts a new one.
-  // The constructor groups the samples by key (once per source): without the GIL.
-  py::class_<BlockBatches, std::shared_ptr<BlockBatches>>(m, "BlockBatches")
-      .def(py::init([](std::shared_ptr<WindowSource> source, std::uint64_t memory_budget, std::uint64_t seed,
-                       std::size_t num_shards, std::size_t shard_index, std::size_t batch_size, bool drop_remainder,
-                       std::size_t prefetch) {
-             return without_gil([&] {
-               return std::make_shared<BlockBatches>(std::move(source), memory_budget, seed, num_shards, shard_index,
-                                                     batch_size, drop_remainder, prefetch);
-             });
-           }),
-           py::arg("source"), py::arg("memory_budget"), py::arg("seed"), py::arg("num_shards"), py::arg("shard_index"),
-           py::arg("batch_size"), py::arg("drop_remainder"), py::arg("prefetch"))
-      .def_property_readonly("num_batches", &BlockBatches::num_batches)
-      .def_property_readonly("streams_started", &BlockBatches::streams_started)
-      .def("close", [](BlockBatches& batches) { without_gil([&] { batches.close(); }); })
-      .def("take", [](BlockBatches& batches, std::uint64_t epoch, std::size_t batch) {
-        return wrap_window_batch(batches.source(), without_gil([&] { return batches.take(epoch, batch); }));
-      });
+      .def("close", [](EpochPlan& p) { without_gil([&] { p.close(); }); });
 
   m.def(
       "open_window_files",
@@ -740,14 +723,4 @@ PYBIND11_MODULE(_core, m) {
       py::arg("index"), py::arg("factors"), py::arg("labels"), py::arg("window"), py::arg("dtype"), py::arg("bounds"),
       py::arg("threads"), py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(),
       py::arg("io_priority") = py::none());
-  m.def(
-      "epoch_order",
-      [](std::size_t n, bool shuffle, std::uint64_t seed, std::uint64_t epoch, std::size_t num_shards,
-         std::size_t shard_index) {
-        std::vector<std::int64_t> order =
-            without_gil([&] { return epoch_order(n, shuffle, seed, epoch, num_shards, shard_index); });
-        return py::array_t<std::int64_t>(order.size(), order.data());
-      },
-      py::arg("n"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("num_shards"),
-      py::arg("shard_index"));
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "npyfeed/aligned_buffer.hpp"
+#include "npyfeed/batch.hpp"
 #include "npyfeed/epoch_order.hpp"
 #include "npyfeed/thread_pool.hpp"
 #include "npyfeed/window_source.hpp"
@@ -19,21 +20,21 @@ namespace npyfeed {
 /// Read-ahead over a sample order: keeps up to `prefetch` batch gathers in flight on the pool.
 /// Thread-safe: close() may come from another thread while one waits for a batch (take() then returns an
 /// empty batch, count 0).
-class BatchStream {
+class BatchStream final : public EpochStream {
  public:
   using Batch = WindowBatch;
   /// Throws InvalidArgument for a batch_size of 0, IndexOutOfRange for an explicit id outside the source.
   /// A computed order must be over the source's samples (ids are made per batch, never all at once).
   BatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size, bool drop_remainder,
               std::size_t prefetch, std::size_t start_batch);
-  ~BatchStream();
-  std::size_t num_batches() const noexcept { return num_batches_; }
+  ~BatchStream() override;
+  std::size_t num_batches() const noexcept override { return num_batches_; }
   /// The job for the next batch, starting it (and the read-ahead) if needed; null at the end.
-  std::shared_ptr<Job> next_job();
-  /// Takes the finished next batch (after next_job()'s job finished). Rethrows its error.
-  Batch take();
+  std::shared_ptr<Job> next_job() override;
+  /// Takes the next batch (waiting for its gather). Rethrows its error.
+  Batch take() override;
   /// Cancels and waits for all in-flight gathers. Idempotent.
-  void close();
+  void close() override;
 
  private:
   struct Pending {

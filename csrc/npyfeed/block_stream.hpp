@@ -23,9 +23,10 @@ namespace npyfeed {
 /// that the order is the same for files in any read mode and for the same arrays in memory.
 std::vector<std::uint64_t> block_key_bytes(const WindowSource& source);
 
-/// The sample ids of one epoch of `source` for one shard under shuffle="blocks", materialised.
-std::vector<std::int64_t> block_epoch_order(const WindowSource& source, std::uint64_t memory_budget, std::uint64_t seed,
-                                            std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index);
+/// The samples of `source` grouped by key, as plan_blocks wants them (one pass over the index; at most 4 bytes
+/// per sample, nothing per sample where the index lists each key's lines together). Throws InvalidArgument for
+/// 2^32 samples or more.
+std::shared_ptr<const SamplesByKey> group_samples_by_key(const WindowSource& source);
 
 /// Batches of one shard of a blocks epoch. Memory: the blocks held (read ahead, being consumed, or read by a
 /// gather in flight) never exceed `memory_budget` bytes of array data (plus each file's header and O_DIRECT
@@ -36,24 +37,26 @@ std::vector<std::int64_t> block_epoch_order(const WindowSource& source, std::uin
 /// an error names the file (deleted, truncated, replaced by an array of another shape). Arrays in memory, and
 /// members of `.npz` archives (which the source holds in memory or maps), are used in place and not counted.
 /// Thread-safe as BatchStream.
-class BlockStream {
+class BlockStream final : public EpochStream {
  public:
   using Batch = WindowBatch;
-  /// Throws InvalidArgument for a batch_size of 0, a memory_budget of 0 or a bad shard.
-  BlockStream(std::shared_ptr<WindowSource> source, std::uint64_t memory_budget, std::uint64_t seed,
-              std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index, std::size_t batch_size,
+  /// The batches of `plan` (one shard's blocks of one epoch, planned by plan_blocks over `samples` and
+  /// block_key_bytes(*source) with `memory_budget`), from batch `start_batch` on. Throws InvalidArgument for a
+  /// batch_size of 0.
+  BlockStream(std::shared_ptr<WindowSource> source, std::shared_ptr<const SamplesByKey> samples,
+              std::shared_ptr<const BlockPlan> plan, std::uint64_t memory_budget, std::size_t batch_size,
               bool drop_remainder, std::size_t prefetch, std::size_t start_batch);
-  ~BlockStream();
+  ~BlockStream() override;
   BlockStream(const BlockStream&) = delete;
   BlockStream& operator=(const BlockStream&) = delete;
 
-  std::size_t num_batches() const noexcept { return num_batches_; }
+  std::size_t num_batches() const noexcept override { return num_batches_; }
   /// A job to wait for before take(): the next batch's gather, or a read of a block it needs; null at the end.
-  std::shared_ptr<Job> next_job();
+  std::shared_ptr<Job> next_job() override;
   /// The next batch (waiting for what it needs). Rethrows a failed read or gather. Empty once closed.
-  Batch take();
+  Batch take() override;
   /// Cancels and waits for all reads and gathers in flight. Idempotent.
-  void close();
+  void close() override;
   /// Bytes of file data held now, and the most held at once so far (for tests and benchmarks).
   std::uint64_t buffered_bytes() const noexcept { return counters_->held.load(); }
   std::uint64_t peak_buffered_bytes() const noexcept { return counters_->peak.load(); }

@@ -1,31 +1,34 @@
-// "Batch b of epoch e" served from one stream positioned at the next batch expected (EpochBatches::take,
-// BlockBatches): asking for exactly that batch takes it from the stream, which reads ahead by itself; any other
-// position (a restored checkpoint, a new epoch, a jump) closes the stream and starts a new one there.
+// "Batch b of epoch e" served from one stream positioned at the next batch expected (Plan::take): asking for
+// exactly that batch takes it from the stream, which reads ahead by itself; any other position (a restored
+// checkpoint, a new epoch, a jump) closes the stream and starts a new one there.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 
+#include "npyfeed/batch.hpp"
 #include "npyfeed/errors.hpp"
-#include "npyfeed/window_source.hpp"
 
 namespace npyfeed {
 
-/// `Stream` has next_job() (starts the next batch and its read-ahead), take() (the next batch, complete) and
-/// close(); `make(epoch, batch)` makes a stream of epoch `epoch` that starts at batch `batch`.
+/// How a caller waits for a job (e.g. in slices, to notice Ctrl-C); it may throw to give up (the stream is
+/// then dropped, and the next call starts a new one at its position). Empty: a plain wait.
+using WaitFor = std::function<void(Job&)>;
+
 /// Thread-safe: calls are served one at a time.
-template <class Stream>
 class StreamAtPosition {
  public:
-  explicit StreamAtPosition(std::size_t num_batches) : num_batches_(num_batches) {}
+  /// `make(epoch, batch)` makes a stream of epoch `epoch` that starts at batch `batch`.
+  using Make = std::function<std::unique_ptr<EpochStream>(std::uint64_t epoch, std::size_t batch)>;
+  StreamAtPosition(std::size_t num_batches, Make make) : num_batches_(num_batches), make_(std::move(make)) {}
 
   /// Batch `batch` of epoch `epoch`. Throws IndexOutOfRange unless batch < num_batches; rethrows a failed
   /// read or gather (the next call starts a new stream at its position).
-  template <class Make>
-  WindowBatch take(std::uint64_t epoch, std::size_t batch, const Make& make) {
+  WindowBatch take(std::uint64_t epoch, std::size_t batch, const WaitFor& wait = {}) {
     if (batch >= num_batches_) {
       throw IndexOutOfRange("batch " + std::to_string(batch) + " out of range for " + std::to_string(num_batches_) +
                             " batches per epoch");
@@ -34,14 +37,15 @@ class StreamAtPosition {
     if (!stream_ || epoch != epoch_ || batch != next_) {
       if (stream_) stream_->close();
       stream_.reset();
-      stream_ = make(epoch, batch);
+      stream_ = make_(epoch, batch);
       epoch_ = epoch;
       next_ = batch;
       ++streams_started_;
     }
     WindowBatch out;
     try {
-      stream_->next_job();  // starts this batch (and the read-ahead) if not yet
+      std::shared_ptr<Job> job = stream_->next_job();  // starts this batch (and the read-ahead) if not yet
+      if (job && wait) wait(*job);
       out = stream_->take();
     } catch (...) {
       stream_.reset();
@@ -64,8 +68,9 @@ class StreamAtPosition {
 
  private:
   std::size_t num_batches_;
+  Make make_;
   mutable std::mutex mutex_;
-  std::unique_ptr<Stream> stream_;  // positioned at (epoch_, next_), or null
+  std::unique_ptr<EpochStream> stream_;  // positioned at (epoch_, next_), or null
   std::uint64_t epoch_ = 0;
   std::size_t next_ = 0;
   std::size_t streams_started_ = 0;

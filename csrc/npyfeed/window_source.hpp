@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -14,14 +15,13 @@
 
 #include "npyfeed/aligned_buffer.hpp"
 #include "npyfeed/array_reader.hpp"
+#include "npyfeed/batch.hpp"
 #include "npyfeed/gather.hpp"
 #include "npyfeed/index.hpp"
 #include "npyfeed/npy_header.hpp"
 #include "npyfeed/thread_pool.hpp"
 
 namespace npyfeed {
-
-struct SamplesByKey;  // block_order.hpp
 
 enum class Bounds {
   kError,  // a window or label row outside its array is an error at construction
@@ -48,14 +48,6 @@ struct WindowOptions {
   /// half of the physical memory.
   std::string npz_member;
   std::uint64_t npz_memory_limit = 0;
-};
-
-/// A batch of `count` samples: x holds count * x_sample_bytes(), y count * y_sample_bytes(); owned and
-/// 64-byte aligned, so a file truncated later can never fault inside a batch someone holds.
-struct WindowBatch {
-  std::shared_ptr<AlignedBuffer> x;
-  std::shared_ptr<AlignedBuffer> y;
-  std::size_t count = 0;
 };
 
 /// Arrays that stand in for a source's own in one gather (shuffle="blocks": files read whole into memory).
@@ -112,9 +104,10 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   /// Whether key `key`'s factor (or label) array is a member of a `.npz` archive: its data is then in memory
   /// already (inflated or read at open, or a mapping of the archive), never a file of its own to read again.
   bool in_archive(std::size_t key, bool label) const { return (in_archive_.at(key) >> (label ? 1 : 0)) & 1; }
-  /// The samples' ids grouped by key (shuffle='blocks'), built on the first call (one pass over the index) and
-  /// kept as long as this source: 4 bytes per sample. Thread-safe. Throws InvalidArgument for 2^32 samples or more.
-  std::shared_ptr<const SamplesByKey> samples_by_key() const;
+  /// A function giving the key of sample i (after skipping, valid). Asked for 0, 1, 2, ... in order it follows
+  /// the index along past dropped entries (no search per sample: 66M samples would take seconds); any other i
+  /// costs a search. One caller at a time per function.
+  std::function<std::uint32_t(std::size_t)> sample_keys() const;
 
   /// Throws IndexOutOfRange naming the first id outside [0, size()).
   void check_ids(const std::vector<std::int64_t>& sample_ids) const;
@@ -156,8 +149,6 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   mutable std::atomic<std::uint64_t> npz_memory_{0};  // bytes of .npz members held in memory
   bool reads_files_ = false;
   std::vector<std::uint8_t> in_archive_;  // per key: bit 0 factor, bit 1 label opened as a member of a .npz
-  mutable std::mutex samples_by_key_mutex_;
-  mutable std::shared_ptr<const SamplesByKey> samples_by_key_;  // built on first use (shuffle='blocks')
 };
 
 }  // namespace npyfeed

@@ -55,18 +55,16 @@ std::vector<std::uint64_t> block_key_bytes(const WindowSource& source) {
   return bytes;
 }
 
-std::vector<std::int64_t> block_epoch_order(const WindowSource& source, std::uint64_t memory_budget, std::uint64_t seed,
-                                            std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index) {
-  const auto samples = source.samples_by_key();
-  const BlockPlan plan =
-      plan_blocks(*samples, block_key_bytes(source), memory_budget, seed, epoch, num_shards, shard_index);
-  return block_epoch_order(plan, *samples);
+std::shared_ptr<const SamplesByKey> group_samples_by_key(const WindowSource& source) {
+  return std::make_shared<const SamplesByKey>(source.num_keys(), source.size(), source.sample_keys());
 }
 
-BlockStream::BlockStream(std::shared_ptr<WindowSource> source, std::uint64_t memory_budget, std::uint64_t seed,
-                         std::uint64_t epoch, std::size_t num_shards, std::size_t shard_index, std::size_t batch_size,
+BlockStream::BlockStream(std::shared_ptr<WindowSource> source, std::shared_ptr<const SamplesByKey> samples,
+                         std::shared_ptr<const BlockPlan> plan, std::uint64_t memory_budget, std::size_t batch_size,
                          bool drop_remainder, std::size_t prefetch, std::size_t start_batch)
     : source_(std::move(source)),
+      samples_(std::move(samples)),
+      plan_(std::move(plan)),
       memory_budget_(memory_budget),
       read_mode_(source_->options().mode == ReadMode::kRead ? ReadMode::kRead : ReadMode::kDirect),
       batch_size_(batch_size),
@@ -74,9 +72,6 @@ BlockStream::BlockStream(std::shared_ptr<WindowSource> source, std::uint64_t mem
       counters_(std::make_shared<Counters>()),
       buffers_(std::make_shared<BufferPool>(2 * (std::max<std::size_t>(prefetch, 1) + 2))) {
   if (batch_size_ == 0) throw InvalidArgument("batch_size must be at least 1");
-  samples_ = source_->samples_by_key();
-  plan_ = std::make_shared<const BlockPlan>(
-      plan_blocks(*samples_, block_key_bytes(*source_), memory_budget, seed, epoch, num_shards, shard_index));
   const std::uint64_t n = plan_->shard_size();
   num_batches_ = drop_remainder ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
   next_start_ = std::min(start_batch, num_batches_);

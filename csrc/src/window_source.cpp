@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cerrno>
 
-#include "npyfeed/block_order.hpp"
 #include "npyfeed/detail/convert.hpp"
 #include "npyfeed/errors.hpp"
 #include "npyfeed/npz.hpp"
@@ -329,28 +328,24 @@ std::uint64_t WindowSource::index_position(std::size_t sample) const {
   return sample + lo;
 }
 
-std::shared_ptr<const SamplesByKey> WindowSource::samples_by_key() const {
-  std::lock_guard lock(samples_by_key_mutex_);
-  if (!samples_by_key_) {
-    // SamplesByKey asks for the keys of samples 0, 1, ... in order (once or twice): follow the index position along,
-    // past the dropped entries, instead of a search per sample (66M samples: seconds before the first batch).
+std::function<std::uint32_t(std::size_t)> WindowSource::sample_keys() const {
+  struct Cursor {
     std::size_t next = SIZE_MAX;
     std::uint64_t position = 0;
     std::size_t dropped = 0;  // entries of dropped_ before `position`
-    auto key_of = [&](std::size_t i) {
-      if (i != next) {
-        position = index_position(i);
-        dropped =
-            static_cast<std::size_t>(std::lower_bound(dropped_.begin(), dropped_.end(), position) - dropped_.begin());
-      }
-      const std::uint32_t key = index_.key(position);
-      next = i + 1;
-      for (++position; dropped < dropped_.size() && dropped_[dropped] == position; ++dropped) ++position;
-      return key;
-    };
-    samples_by_key_ = std::make_shared<const SamplesByKey>(index_.keys.size(), size_, key_of);
-  }
-  return samples_by_key_;
+  };
+  return [this, at = Cursor{}](std::size_t i) mutable {
+    if (i != at.next) {
+      at.position = index_position(i);
+      at.dropped =
+          static_cast<std::size_t>(std::lower_bound(dropped_.begin(), dropped_.end(), at.position) - dropped_.begin());
+    }
+    const std::uint32_t key = index_.key(at.position);
+    at.next = i + 1;
+    for (++at.position; at.dropped < dropped_.size() && dropped_[at.dropped] == at.position; ++at.dropped)
+      ++at.position;
+    return key;
+  };
 }
 
 Sample WindowSource::sample(std::size_t sample) const {

@@ -4,8 +4,9 @@ from importlib.metadata import PackageNotFoundError, version
 
 from ._core import NpyFormatError
 from .loading import MODES, Header, load, load_factor_files, load_many, read_header
+from .plan import BatchIterator, Plan
 from .warm import DirectoryResidency, WarmReport, warm
-from .windows import BOUNDS, BatchIterator, WindowSource
+from .windows import BOUNDS, WindowSource
 
 try:
     __version__ = version("npyfeed")  # the one place it is written is pyproject.toml
@@ -31,6 +32,7 @@ __all__ = [
     "load_many",
     "load_factor_files",
     "WindowSource",
+    "Plan",
     "BatchIterator",
     "BOUNDS",
     "warm",

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from . import _core
+from . import _checks, _core
 from ._threads import resolve_placement, resolve_threads
 from .loading import _fspath, _native, _resolve_mode
+from .plan import DEFAULT_MEMORY_BUDGET, BatchIterator, Plan, shuffle_kind
 from .warm import cache_dir as _default_cache_dir
 
 log = logging.getLogger("npyfeed")
@@ -24,10 +25,6 @@ __all__ = ["WindowSource", "BatchIterator", "BOUNDS"]
 
 #: Policies for windows or label rows outside their arrays.
 BOUNDS = ("error", "skip", "pad")
-
-#: ``shuffle="blocks"``'s default memory budget: a constant (not a share of this machine's memory), since the
-#: budget decides the order and an epoch must be the same on every machine.
-DEFAULT_MEMORY_BUDGET = 2 << 30
 
 
 def _index_paths(index_files) -> list:
@@ -43,8 +40,7 @@ def _load_index(index_files, cache: bool, cache_dir, threads: int):
     """The compiled index of `index_files` (through the cache unless `cache` is false), the cache file used (or
     None) and whether this call compiled the index files."""
     paths = [_native(p) for p in _index_paths(index_files)]
-    if not isinstance(cache, bool):
-        raise TypeError(f"cache must be True or False, got {cache!r}")
+    _checks.boolean(cache, "cache")
     folder = "" if not cache else _native(_fspath(cache_dir)) if cache_dir is not None else _native(str(_default_cache_dir()))
     index, cache_path, built, warning = _core.load_index(paths, folder, threads)
     if warning:
@@ -208,6 +204,7 @@ class WindowSource:
         self._index_built = False  # this open compiled the index files (for tests)
         self._warned_fallbacks = 0
         self._warned_memory = False
+        self._samples_by_key = None  # shuffle="blocks": the samples grouped by key, made by the first such plan
         self.window = window
         self.dtype = dtype
         self.mode = mode
@@ -314,67 +311,104 @@ class WindowSource:
             raise TypeError("sample_ids must be a 1-d sequence of integers")
         return self._core.get(ids.astype(np.int64, copy=False))
 
-    def epoch_order(self, epoch: int = 0, *, shuffle: bool | str = False, seed: int = 0, num_shards: int = 1,
-                    shard_index: int = 0, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> np.ndarray:
-        """Sample ids of one epoch for one shard, in the order `batches` yields them.
-
-        ``shuffle=True`` is a seeded permutation of all samples per epoch (the same on any machine for the same
-        ``seed``, ``epoch`` and number of samples); shard ``i`` of ``n`` then takes every n-th id starting at
-        ``i``, so shards are disjoint and together cover the epoch exactly once.
-
-        ``shuffle="blocks"`` (for data sets larger than RAM) permutes the keys, groups them in that order into
-        blocks whose factor and label arrays fit in ``memory_budget / 2`` bytes (a key larger than that is a
-        block of its own), and shuffles the samples within each block; the epoch is the blocks one after
-        another. Shard ``i`` of ``n`` takes a contiguous part of it (sizes as for ``shuffle=True``), so each
-        shard reads only about ``1/n`` of the files; each shard's part starts a block, and where a shard holds
-        more than one block its first three are smaller (1/8, 1/4, 1/2 of a full one), so that its first
-        batch waits for little. The same on any machine for the same ``seed``, ``epoch``, ``memory_budget``,
-        ``num_shards`` and data (the order depends on the number of shards).
-        """
-        _check_shards(num_shards, shard_index)
-        if _is_blocks(shuffle):
-            budget = _check_budget(memory_budget)
-            return self._core.block_epoch_order(budget, _as_u64(seed, "seed"), _as_u64(epoch, "epoch"),
-                                                int(num_shards), int(shard_index))
-        if shuffle:
-            seed, epoch = _as_u64(seed, "seed"), _as_u64(epoch, "epoch")
-        else:
-            seed, epoch = 0, 0  # not used: any value is accepted, as before
-        return _core.epoch_order(len(self), bool(shuffle), seed, epoch, int(num_shards), int(shard_index))
-
-    def num_batches(self, batch_size: int, *, num_shards: int = 1, shard_index: int = 0,
-                    drop_remainder: bool = False) -> int:
-        """Batches per epoch for one shard."""
-        _check_batch_size(batch_size)
-        _check_shards(num_shards, shard_index)
-        n = len(range(shard_index, len(self), num_shards))
-        return n // batch_size if drop_remainder else -(-n // batch_size)
-
-    def batches(self, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, epoch: int = 0,
-                num_shards: int = 1, shard_index: int = 0, drop_remainder: bool = False, prefetch: int = 2,
-                start_batch: int = 0, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> BatchIterator:
-        """Iterate over one epoch as ``(x, y)`` numpy batches, gathered ahead in C++.
+    def plan(self, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, num_shards: int = 1,
+             shard_index: int = 0, drop_remainder: bool = False, memory_budget: int | None = None,
+             prefetch: int = 2) -> Plan:
+        """The batches of every epoch of one shard, by position: the one owner of "batch b of epoch e".
 
         Parameters
         ----------
         batch_size : int
-        shuffle, seed, epoch
-            See `epoch_order`. ``shuffle=True`` reads each sample where it lies (a random read per sample
-            when the data is not in the page cache); ``shuffle="blocks"`` reads each file once per epoch, whole
-            and in sequence, into at most `memory_budget` bytes, and gathers the batches from memory: the
-            choice for data sets larger than RAM (see the README).
-        memory_budget : int
-            With ``shuffle="blocks"``: bytes of array data held at once (two blocks: one consumed while the
-            next is read). It also decides the order, so keep it fixed to reproduce an epoch. Batch buffers,
-            and a key larger than half the budget, come on top; so do the samples grouped by key, which the
-            source builds at its first blocks epoch and keeps for every later one (nothing per sample where
-            the index lists each key's lines together, else 4 bytes per sample).
+        shuffle : bool or "blocks"
+            ``False``: the index's order. ``True``: a seeded permutation of all samples per epoch (the same on
+            any machine for the same ``seed``, epoch and number of samples); shard ``i`` of ``n`` then takes
+            every n-th id starting at ``i``, so shards are disjoint and together cover the epoch exactly once.
+            A sample is read where it lies (a random read per sample when the data is not in the page cache).
+            ``"blocks"`` (data sets larger than RAM): the keys are permuted and grouped in that order into
+            blocks whose factor and label arrays fit in ``memory_budget / 2`` bytes (a key larger than that is
+            a block of its own), and the samples are shuffled within each block; the epoch is the blocks one
+            after another, each file read once per epoch, whole and in sequence. Shard ``i`` of ``n`` takes a
+            contiguous part of it (sizes as for ``shuffle=True``), so each shard reads only about ``1/n`` of the
+            files; each shard's part starts a block, and where a shard holds more than one block its first
+            three are smaller (1/8, 1/4, 1/2 of a full one), so that its first batch waits for little. The
+            same on any machine for the same ``seed``, epoch, ``memory_budget``, ``num_shards`` and data (the
+            order depends on the number of shards).
+        seed : int
+            In ``[0, 2**64)``; ignored without `shuffle`.
         num_shards, shard_index
-            This iterator's part of the epoch (e.g. one per worker).
+            This plan's part of each epoch (e.g. one per worker).
         drop_remainder : bool
             Drop a last, smaller batch.
+        memory_budget : int, optional
+            With ``shuffle="blocks"``: bytes of array data held at once (two blocks: one consumed while the
+            next is read; default 2 GiB, a constant, since it decides the order: keep it fixed to reproduce an
+            epoch). Batch buffers, and a key larger than half the budget, come on top; so do the samples
+            grouped by key, which the source builds at its first blocks plan and shares with every later one
+            (nothing per sample where the index lists each key's lines together, else 4 bytes per sample).
         prefetch : int
-            Batches gathered ahead in the background (at least 1).
+            Batches gathered ahead of the one asked for (at least 1), by `Plan.take` and `Plan.batches`.
+
+        Returns
+        -------
+        Plan
+            ``len(plan)`` batches per epoch; ``plan.ids(epoch, b)``, ``plan.take(epoch, b)``,
+            ``plan.order(epoch)`` and ``plan.batches(epoch)``.
+
+        Raises
+        ------
+        TypeError
+            An argument of the wrong type (the error is also a ``ValueError``).
+        ValueError
+            A value out of range (``batch_size`` or ``num_shards`` below 1, ``shard_index`` outside
+            ``[0, num_shards)``, a ``memory_budget`` below 1, ``shuffle`` other than True, False or "blocks").
+        """
+        kind = shuffle_kind(shuffle)
+        batch_size = _checks.positive(batch_size, "batch_size")
+        num_shards = _checks.positive(num_shards, "num_shards")
+        shard_index = _checks.integer(shard_index, "shard_index", 0, num_shards)
+        seed = _checks.u64(seed, "seed") if kind != "none" else 0
+        prefetch = _checks.positive(prefetch, "prefetch")
+        if kind == "blocks":
+            memory_budget = _checks.integer(DEFAULT_MEMORY_BUDGET if memory_budget is None else memory_budget,
+                                            "memory_budget", 1, what="a positive number of bytes")
+        else:
+            memory_budget = None
+        core = _core.Plan(self._core, kind, seed, num_shards, shard_index, batch_size, bool(drop_remainder),
+                          memory_budget or 0, prefetch, self._samples_by_key)
+        if kind == "blocks":
+            self._samples_by_key = core.samples_by_key  # grouped once per source, shared by its plans
+        return Plan(self, core, batch_size=batch_size, shuffle="blocks" if kind == "blocks" else kind == "global",
+                    seed=seed, num_shards=num_shards, shard_index=shard_index, drop_remainder=bool(drop_remainder),
+                    memory_budget=memory_budget, prefetch=prefetch)
+
+    def epoch_order(self, epoch: int = 0, *, shuffle: bool | str = False, seed: int = 0, num_shards: int = 1,
+                    shard_index: int = 0, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> np.ndarray:
+        """Sample ids of one epoch for one shard, in the order `batches` yields them: ``plan(...).order(epoch)``.
+
+        See `plan` for the orders (`shuffle`), shards and `memory_budget`.
+        """
+        plan = self.plan(1, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index,
+                         memory_budget=memory_budget)
+        return plan.order(epoch)
+
+    def num_batches(self, batch_size: int, *, num_shards: int = 1, shard_index: int = 0,
+                    drop_remainder: bool = False) -> int:
+        """Batches per epoch for one shard (the same for every order): ``len(plan(...))``."""
+        return len(self.plan(batch_size, num_shards=num_shards, shard_index=shard_index,
+                             drop_remainder=drop_remainder))
+
+    def batches(self, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, epoch: int = 0,
+                num_shards: int = 1, shard_index: int = 0, drop_remainder: bool = False, prefetch: int = 2,
+                start_batch: int = 0, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> BatchIterator:
+        """Iterate over one epoch as ``(x, y)`` numpy batches, gathered ahead in C++:
+        ``plan(...).batches(epoch, start_batch=start_batch)``.
+
+        Parameters
+        ----------
+        batch_size, shuffle, seed, num_shards, shard_index, drop_remainder, memory_budget, prefetch
+            See `plan`.
+        epoch : int
+            The epoch, in ``[0, 2**64)``; with `shuffle`, each epoch has its own order.
         start_batch : int
             Resume at this batch of the epoch (a restarted job does not replay data).
 
@@ -383,73 +417,9 @@ class WindowSource:
         BatchIterator
             Each batch owns its memory; buffers are reused only after every reference to a batch is gone.
         """
-        _check_batch_size(batch_size)
-        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 1:
-            raise ValueError(f"prefetch must be a positive integer, got {prefetch!r}")
-        total = self.num_batches(batch_size, num_shards=num_shards, shard_index=shard_index,
-                                 drop_remainder=drop_remainder)
-        if isinstance(start_batch, bool) or not isinstance(start_batch, (int, np.integer)) or not 0 <= start_batch <= total:
-            raise ValueError(f"start_batch must be in [0, {total}], got {start_batch!r}")
-        _check_shards(num_shards, shard_index)
-        if _is_blocks(shuffle):
-            budget = _check_budget(memory_budget)
-            stream = self._core.block_stream(budget, _as_u64(seed, "seed"), _as_u64(epoch, "epoch"), int(num_shards),
-                                             int(shard_index), int(batch_size), bool(drop_remainder), int(prefetch),
-                                             int(start_batch))
-            return BatchIterator(self, stream, total - int(start_batch))
-        if shuffle:
-            self._warn_larger_than_memory()
-        seed, epoch = (_as_u64(seed, "seed"), _as_u64(epoch, "epoch")) if shuffle else (0, 0)
-        # The order is computed batch by batch in C++: no per-sample memory, whatever the epoch's size.
-        stream = self._core.stream(bool(shuffle), seed, epoch, int(num_shards), int(shard_index), int(batch_size),
-                                   bool(drop_remainder), int(prefetch), int(start_batch))
-        return BatchIterator(self, stream, total - int(start_batch))
-
-
-class BatchIterator(Iterator):
-    """Iterator over ``(x, y)`` batches; ``close()`` (or leaving a ``with`` block) cancels the read-ahead."""
-
-    def __init__(self, source: WindowSource, stream, remaining: int):
-        self._source = source
-        self._stream = stream
-        self._remaining = remaining
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> tuple:
-        if self._stream is None:
-            raise StopIteration
-        try:
-            batch = self._stream.__next__()
-        except StopIteration:
-            self.close()
-            self._source._warn_direct_fallback()
-            raise
-        self._remaining -= 1
-        return batch
-
-    def __len__(self) -> int:
-        return max(self._remaining, 0)
-
-    def close(self) -> None:
-        """Cancel the read-ahead and wait for gathers in flight (GIL released). Idempotent."""
-        stream, self._stream = self._stream, None
-        self._remaining = 0  # len() agrees with what iterating yields: nothing more
-        if stream is not None:
-            stream.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+        plan = self.plan(batch_size, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index,
+                         drop_remainder=drop_remainder, memory_budget=memory_budget, prefetch=prefetch)
+        return plan.batches(epoch, start_batch=start_batch)
 
 
 def available_memory() -> int | None:
@@ -475,20 +445,6 @@ def available_memory() -> int | None:
     return min(found) if found else None
 
 
-def _is_blocks(shuffle) -> bool:
-    if isinstance(shuffle, str):
-        if shuffle != "blocks":
-            raise ValueError(f"shuffle must be True, False or 'blocks', got {shuffle!r}")
-        return True
-    return False
-
-
-def _check_budget(memory_budget) -> int:
-    if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, np.integer)) or memory_budget < 1:
-        raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
-    return int(memory_budget)
-
-
 def _index_from_tuples(index) -> object:
     rows = list(index)
     if not rows:
@@ -504,21 +460,3 @@ def _index_from_tuples(index) -> object:
             raise ValueError(f"{name} values must be integers")
     return _core.index_from_columns(feature_arr.astype(np.int64), label_arr.astype(np.int64),
                                     [str(k) for k in keys], "<index list>")
-
-
-def _check_batch_size(batch_size) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-
-
-def _check_shards(num_shards, shard_index) -> None:
-    if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
-        raise ValueError(f"num_shards must be a positive integer, got {num_shards!r}")
-    if isinstance(shard_index, bool) or not isinstance(shard_index, (int, np.integer)) or not 0 <= shard_index < num_shards:
-        raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index!r}")
-
-
-def _as_u64(value, name) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**64:
-        raise ValueError(f"{name} must be an integer in [0, 2**64), got {value!r}")
-    return int(value)

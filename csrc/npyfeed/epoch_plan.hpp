@@ -1,0 +1,114 @@
+// The one owner of "batch b of epoch e": an epoch specification (order, seed, shards, batch size), checked
+// once, and the plan that answers, for any epoch and batch, which samples it holds (ids), what they are
+// (take, served from a stream that reads ahead when asked in order), and the whole epoch's order. The numpy
+// iterator, tf.data and every other consumer ask a plan; none recomputes shards or batch counts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "npyfeed/batch.hpp"
+#include "npyfeed/block_order.hpp"
+#include "npyfeed/stream_at_position.hpp"
+#include "npyfeed/window_source.hpp"
+
+namespace npyfeed {
+
+/// How an epoch's samples are ordered: as the index lists them, a seeded permutation of all of them
+/// (epoch_order.hpp), or blocks of files read whole (block_order.hpp).
+enum class Shuffle { kNone, kGlobal, kBlocks };
+
+/// Parses "none" / "global" / "blocks". Throws InvalidArgument.
+Shuffle parse_shuffle(const std::string& name);
+
+/// Everything that decides the batches of one shard in every epoch.
+struct EpochSpec {
+  Shuffle shuffle = Shuffle::kNone;
+  std::uint64_t seed = 0;  // 0 unless shuffling (any seed gives the same unshuffled order)
+  std::size_t num_shards = 1;
+  std::size_t shard_index = 0;
+  std::size_t batch_size = 1;
+  bool drop_remainder = false;
+  std::uint64_t memory_budget = 0;  // bytes of array data held at once (kBlocks only; it decides the order)
+
+  /// Throws InvalidArgument for a batch_size of 0, a num_shards of 0, a shard_index outside
+  /// [0, num_shards), and (kBlocks) a memory_budget of 0.
+  EpochSpec(Shuffle shuffle, std::uint64_t seed, std::size_t num_shards, std::size_t shard_index,
+            std::size_t batch_size, bool drop_remainder, std::uint64_t memory_budget);
+  /// Samples this shard reads per epoch out of `n`: every order gives shard i of N the same count,
+  /// n / N + (i < n % N).
+  std::size_t shard_size(std::size_t n) const noexcept;
+  /// Batches per epoch out of `n` samples (the last one smaller unless drop_remainder).
+  std::size_t num_batches(std::size_t n) const noexcept;
+};
+
+/// The batches of one shard of every epoch of `source` under `spec`. ids() and order() do no IO; take() is
+/// safe from several threads (calls are served one at a time) and, asked for the batch after the last one it
+/// gave, takes it from a stream that keeps the next `prefetch` batches in flight; any other position starts a
+/// new stream there, so a batch depends on its position only.
+class EpochPlan {
+ public:
+  /// `samples`: the source's samples grouped by key (shuffle="blocks"), shared between the plans of one
+  /// source; made here (one pass over the index) when null. Throws InvalidArgument (see EpochSpec), and for
+  /// blocks over 2^32 samples or more.
+  EpochPlan(std::shared_ptr<WindowSource> source, EpochSpec spec, std::size_t prefetch = 2,
+            std::shared_ptr<const SamplesByKey> samples = nullptr);
+  ~EpochPlan();
+  EpochPlan(const EpochPlan&) = delete;
+  EpochPlan& operator=(const EpochPlan&) = delete;
+
+  const WindowSource& source() const noexcept { return *source_; }
+  const EpochSpec& spec() const noexcept { return spec_; }
+  /// Batches per epoch, and samples per epoch (this shard's).
+  std::size_t num_batches() const noexcept { return num_batches_; }
+  std::size_t shard_size() const noexcept { return shard_size_; }
+  /// With shuffle="blocks": the samples grouped by key this plan uses (null otherwise).
+  const std::shared_ptr<const SamplesByKey>& samples_by_key() const noexcept { return samples_; }
+
+  /// The sample ids of batch `batch` of epoch `epoch`. Throws IndexOutOfRange unless batch < num_batches().
+  /// O(batch_size) for the computed orders; under blocks, the first call for a block shuffles that block's
+  /// samples (kept for the next calls: the plan keeps its epoch's plan and the last two blocks' orders).
+  std::vector<std::int64_t> ids(std::uint64_t epoch, std::size_t batch) const;
+  /// The whole epoch's ids, in batch order (shard_size() of them; with drop_remainder, also the samples of
+  /// the dropped last batch).
+  std::vector<std::int64_t> order(std::uint64_t epoch) const;
+  /// A stream of epoch `epoch`'s batches from batch `start_batch` on (clipped to num_batches()), keeping
+  /// `prefetch` (at least 1) batches in flight: what the numpy iterator reads.
+  std::unique_ptr<EpochStream> stream(std::uint64_t epoch, std::size_t start_batch, std::size_t prefetch) const;
+  /// Batch `batch` of epoch `epoch`, complete (see the class comment); `wait` waits for its gather or read.
+  /// Throws IndexOutOfRange unless batch < num_batches(); rethrows a failed read or gather.
+  WindowBatch take(std::uint64_t epoch, std::size_t batch, const WaitFor& wait = {});
+  /// Streams take() started so far (for tests).
+  std::size_t streams_started() const { return at_position_.streams_started(); }
+  /// Cancels take()'s read-ahead (and waits for it). Idempotent; take() afterwards starts a new stream.
+  void close() { at_position_.close(); }
+
+ private:
+  std::shared_ptr<const BlockPlan> block_plan(std::uint64_t epoch) const;
+  std::shared_ptr<const std::vector<std::int64_t>> block_ids(const std::shared_ptr<const BlockPlan>& plan,
+                                                             std::size_t block) const;
+
+  std::shared_ptr<WindowSource> source_;
+  EpochSpec spec_;
+  std::size_t prefetch_;
+  std::size_t shard_size_;
+  std::size_t num_batches_;
+  std::shared_ptr<const SamplesByKey> samples_;  // kBlocks
+  std::vector<std::uint64_t> key_bytes_;         // kBlocks: block_key_bytes(source)
+  // kBlocks: the last epoch's block plan and the last blocks' shuffled samples, for ids().
+  struct BlockOrder {
+    std::uint64_t epoch;
+    std::size_t block;
+    std::shared_ptr<const std::vector<std::int64_t>> ids;
+  };
+  mutable std::mutex cache_mutex_;
+  mutable std::shared_ptr<const BlockPlan> cached_plan_;
+  mutable std::vector<BlockOrder> cached_blocks_;
+  StreamAtPosition at_position_;
+};
+
+}  // namespace npyfeed

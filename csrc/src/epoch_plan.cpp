@@ -1,0 +1,146 @@
+#include "npyfeed/epoch_plan.hpp"
+
+#include <algorithm>
+
+#include "npyfeed/batch_stream.hpp"
+#include "npyfeed/block_stream.hpp"
+#include "npyfeed/epoch_order.hpp"
+#include "npyfeed/errors.hpp"
+
+namespace npyfeed {
+
+namespace {
+
+// Blocks whose shuffled samples ids() keeps: the one a batch is in and the one before (a batch may span two).
+constexpr std::size_t kCachedBlocks = 2;
+
+}  // namespace
+
+Shuffle parse_shuffle(const std::string& name) {
+  if (name == "none") return Shuffle::kNone;
+  if (name == "global") return Shuffle::kGlobal;
+  if (name == "blocks") return Shuffle::kBlocks;
+  throw InvalidArgument("shuffle must be 'none', 'global' or 'blocks', got '" + name + "'");
+}
+
+EpochSpec::EpochSpec(Shuffle shuffle_, std::uint64_t seed_, std::size_t num_shards_, std::size_t shard_index_,
+                     std::size_t batch_size_, bool drop_remainder_, std::uint64_t memory_budget_)
+    : shuffle(shuffle_),
+      seed(shuffle_ == Shuffle::kNone ? 0 : seed_),
+      num_shards(num_shards_),
+      shard_index(shard_index_),
+      batch_size(batch_size_),
+      drop_remainder(drop_remainder_),
+      memory_budget(shuffle_ == Shuffle::kBlocks ? memory_budget_ : 0) {
+  if (batch_size == 0) throw InvalidArgument("batch_size must be a positive integer, got 0");
+  if (num_shards == 0) throw InvalidArgument("num_shards must be a positive integer, got 0");
+  if (shard_index >= num_shards) {
+    throw InvalidArgument("shard_index must be in [0, " + std::to_string(num_shards) + "), got " +
+                          std::to_string(shard_index));
+  }
+  if (shuffle == Shuffle::kBlocks && memory_budget == 0) {
+    throw InvalidArgument("memory_budget must be a positive number of bytes, got 0");
+  }
+}
+
+std::size_t EpochSpec::shard_size(std::size_t n) const noexcept {
+  return n / num_shards + (shard_index < n % num_shards ? 1 : 0);
+}
+
+std::size_t EpochSpec::num_batches(std::size_t n) const noexcept {
+  const std::size_t samples = shard_size(n);
+  return drop_remainder ? samples / batch_size : samples / batch_size + (samples % batch_size != 0 ? 1 : 0);
+}
+
+EpochPlan::EpochPlan(std::shared_ptr<WindowSource> source, EpochSpec spec, std::size_t prefetch,
+                     std::shared_ptr<const SamplesByKey> samples)
+    : source_(std::move(source)),
+      spec_(spec),
+      prefetch_(std::max<std::size_t>(prefetch, 1)),
+      shard_size_(spec_.shard_size(source_->size())),
+      num_batches_(spec_.num_batches(source_->size())),
+      at_position_(num_batches_,
+                   [this](std::uint64_t epoch, std::size_t batch) { return stream(epoch, batch, prefetch_); }) {
+  if (spec_.shuffle == Shuffle::kBlocks) {
+    samples_ = samples ? std::move(samples) : group_samples_by_key(*source_);
+    if (samples_->num_keys() != source_->num_keys()) {
+      throw InvalidArgument("the samples grouped by key are another source's");
+    }
+    key_bytes_ = block_key_bytes(*source_);
+  }
+}
+
+EpochPlan::~EpochPlan() { close(); }
+
+std::shared_ptr<const BlockPlan> EpochPlan::block_plan(std::uint64_t epoch) const {
+  std::lock_guard lock(cache_mutex_);
+  if (!cached_plan_ || cached_plan_->epoch != epoch) {
+    cached_plan_ = std::make_shared<const BlockPlan>(plan_blocks(*samples_, key_bytes_, spec_.memory_budget, spec_.seed,
+                                                                 epoch, spec_.num_shards, spec_.shard_index));
+  }
+  return cached_plan_;
+}
+
+std::shared_ptr<const std::vector<std::int64_t>> EpochPlan::block_ids(const std::shared_ptr<const BlockPlan>& plan,
+                                                                      std::size_t block) const {
+  std::lock_guard lock(cache_mutex_);
+  for (const BlockOrder& b : cached_blocks_) {
+    if (b.epoch == plan->epoch && b.block == block) return b.ids;
+  }
+  auto ids = std::make_shared<const std::vector<std::int64_t>>(block_samples(*plan, *samples_, block));
+  if (cached_blocks_.size() == kCachedBlocks) cached_blocks_.erase(cached_blocks_.begin());
+  cached_blocks_.push_back({plan->epoch, block, ids});
+  return ids;
+}
+
+std::vector<std::int64_t> EpochPlan::ids(std::uint64_t epoch, std::size_t batch) const {
+  if (batch >= num_batches_) {
+    throw IndexOutOfRange("batch " + std::to_string(batch) + " out of range for " + std::to_string(num_batches_) +
+                          " batches per epoch");
+  }
+  const std::size_t first = batch * spec_.batch_size;
+  if (spec_.shuffle != Shuffle::kBlocks) {
+    const EpochOrder order(source_->size(), spec_.shuffle == Shuffle::kGlobal, spec_.seed, epoch, spec_.num_shards,
+                           spec_.shard_index);
+    return order.slice(first, spec_.batch_size);
+  }
+  const std::shared_ptr<const BlockPlan> plan = block_plan(epoch);
+  const std::uint64_t begin = plan->first + first;
+  const std::uint64_t end = std::min<std::uint64_t>(begin + spec_.batch_size, plan->end);
+  std::vector<std::int64_t> out;
+  out.reserve(end - begin);
+  for (std::uint64_t p = begin; p < end;) {
+    const std::size_t block = plan->block_of(p);
+    const std::uint64_t block_end = std::min(end, plan->block_begin[block + 1]);
+    const auto ids = block_ids(plan, block);
+    const auto at = ids->begin() + static_cast<std::ptrdiff_t>(p - plan->block_begin[block]);
+    out.insert(out.end(), at, at + static_cast<std::ptrdiff_t>(block_end - p));
+    p = block_end;
+  }
+  return out;
+}
+
+std::vector<std::int64_t> EpochPlan::order(std::uint64_t epoch) const {
+  if (spec_.shuffle == Shuffle::kBlocks) return block_epoch_order(*block_plan(epoch), *samples_);
+  const EpochOrder order(source_->size(), spec_.shuffle == Shuffle::kGlobal, spec_.seed, epoch, spec_.num_shards,
+                         spec_.shard_index);
+  return order.slice(0, order.size());
+}
+
+std::unique_ptr<EpochStream> EpochPlan::stream(std::uint64_t epoch, std::size_t start_batch,
+                                               std::size_t prefetch) const {
+  if (spec_.shuffle == Shuffle::kBlocks) {
+    return std::make_unique<BlockStream>(source_, samples_, block_plan(epoch), spec_.memory_budget, spec_.batch_size,
+                                         spec_.drop_remainder, prefetch, start_batch);
+  }
+  EpochOrder order(source_->size(), spec_.shuffle == Shuffle::kGlobal, spec_.seed, epoch, spec_.num_shards,
+                   spec_.shard_index);
+  return std::make_unique<BatchStream>(source_, std::move(order), spec_.batch_size, spec_.drop_remainder, prefetch,
+                                       start_batch);
+}
+
+WindowBatch EpochPlan::take(std::uint64_t epoch, std::size_t batch, const WaitFor& wait) {
+  return at_position_.take(epoch, batch, wait);
+}
+
+}  // namespace npyfeed
