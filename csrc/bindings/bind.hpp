@@ -1,0 +1,15 @@
+// The parts of the module, one per concept, each registering its names (module.cpp calls them in order).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace npyfeed::bindings {
+
+/// Headers, whole-file and `.npz` loads, page-cache warm (loads.cpp).
+void bind_loads(pybind11::module_& m);
+/// Indexes and window sources (windows.cpp).
+void bind_windows(pybind11::module_& m);
+/// Plans of epochs and their streams of batches (plans.cpp).
+void bind_plans(pybind11::module_& m);
+
+}  // namespace npyfeed::bindings

@@ -1,0 +1,127 @@
+// Plans of epochs ("batch b of epoch e": ids, order, take) and their streams of batches as Python iterators.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+
+#include "bind.hpp"
+#include "convert.hpp"
+#include "gil.hpp"
+#include "npyfeed/block_order.hpp"
+#include "npyfeed/block_stream.hpp"
+#include "npyfeed/epoch_plan.hpp"
+
+namespace npyfeed::bindings {
+
+namespace {
+
+// An epoch's stream of batches (EpochPlan::stream) as a Python iterator.
+class PyStream {
+ public:
+  PyStream(std::shared_ptr<const EpochPlan> plan, std::unique_ptr<EpochStream> stream)
+      : plan_(std::move(plan)), stream_(std::move(stream)) {}
+  ~PyStream() {
+    // Waiting for read-ahead in flight takes a few ms; during interpreter exit keep the GIL for it
+    // (this may be a thread that could not take it back).
+    if (interpreter_finalizing()) {
+      stream_.reset();
+    } else {
+      without_gil([&] { stream_.reset(); });
+    }
+  }
+  py::tuple next() {
+    if (!stream_) throw py::stop_iteration();
+    std::shared_ptr<Job> job = without_gil([&] { return stream_->next_job(); });
+    if (!job) throw py::stop_iteration();
+    wait_in_slices(*job);
+    WindowBatch batch = without_gil([&] { return stream_->take(); });
+    if (!batch.x) throw py::stop_iteration();  // closed by another thread while we waited
+    return wrap_window_batch(plan_->source(), batch);
+  }
+  void close() {
+    if (stream_) without_gil([&] { stream_->close(); });
+  }
+  std::size_t num_batches() const { return stream_ ? stream_->num_batches() : 0; }
+  // shuffle="blocks": the stream's memory accounting (null otherwise).
+  const BlockStream* blocks() const { return dynamic_cast<const BlockStream*>(stream_.get()); }
+
+ private:
+  std::shared_ptr<const EpochPlan> plan_;
+  std::unique_ptr<EpochStream> stream_;
+};
+
+}  // namespace
+
+void bind_plans(py::module_& m) {
+  py::class_<PyStream>(m, "BatchStream")
+      .def("__next__", &PyStream::next)
+      .def("close", &PyStream::close)
+      .def_property_readonly("num_batches", &PyStream::num_batches)
+      .def_property_readonly("buffered_bytes",
+                             [](const PyStream& s) { return s.blocks() ? s.blocks()->buffered_bytes() : 0; })
+      .def_property_readonly("peak_buffered_bytes",
+                             [](const PyStream& s) { return s.blocks() ? s.blocks()->peak_buffered_bytes() : 0; })
+      .def_property_readonly("num_blocks",
+                             [](const PyStream& s) { return s.blocks() ? s.blocks()->plan().num_blocks() : 0; });
+
+  // shuffle="blocks" groups a source's samples by key once (one pass over the index); its plans share it.
+  py::class_<SamplesByKey, std::shared_ptr<SamplesByKey>>(m, "SamplesByKey")
+      .def_property_readonly("runs", &SamplesByKey::runs);
+
+  // "Batch b of epoch e": ids and order without IO; take from a stream positioned at the next batch (one call
+  // at a time, from any thread; GIL released while it waits, Ctrl-C interrupts it); stream for an iterator.
+  py::class_<EpochPlan, std::shared_ptr<EpochPlan>>(m, "Plan")
+      .def(py::init([](std::shared_ptr<WindowSource> source, const std::string& shuffle, std::uint64_t seed,
+                       std::size_t num_shards, std::size_t shard_index, std::size_t batch_size, bool drop_remainder,
+                       std::uint64_t memory_budget, std::size_t prefetch, std::shared_ptr<SamplesByKey> samples) {
+             const EpochSpec spec(parse_shuffle(shuffle), seed, num_shards, shard_index, batch_size, drop_remainder,
+                                  memory_budget);
+             return without_gil(
+                 [&] { return std::make_shared<EpochPlan>(std::move(source), spec, prefetch, std::move(samples)); });
+           }),
+           py::arg("source"), py::arg("shuffle"), py::arg("seed"), py::arg("num_shards"), py::arg("shard_index"),
+           py::arg("batch_size"), py::arg("drop_remainder"), py::arg("memory_budget"), py::arg("prefetch"),
+           py::arg("samples_by_key") = nullptr)
+      .def("__len__", &EpochPlan::num_batches)
+      .def_property_readonly("shard_size", &EpochPlan::shard_size)
+      .def_property_readonly(
+          "samples_by_key",
+          [](const EpochPlan& p) { return std::const_pointer_cast<SamplesByKey>(p.samples_by_key()); })
+      .def_property_readonly("streams_started", &EpochPlan::streams_started)
+      .def("ids",
+           [](const EpochPlan& p, std::uint64_t epoch, std::size_t batch) {
+             std::vector<std::int64_t> ids = without_gil([&] { return p.ids(epoch, batch); });
+             return py::array_t<std::int64_t>(static_cast<py::ssize_t>(ids.size()), ids.data());
+           })
+      .def("order",
+           [](const EpochPlan& p, std::uint64_t epoch) {
+             std::vector<std::int64_t> ids = without_gil([&] { return p.order(epoch); });
+             return py::array_t<std::int64_t>(static_cast<py::ssize_t>(ids.size()), ids.data());
+           })
+      .def("take",
+           [](EpochPlan& p, std::uint64_t epoch, std::size_t batch) {
+             // A thread that may handle signals (the main one) waits in slices to notice Ctrl-C; others wait.
+             const bool main_thread = PyThread_get_thread_ident() == main_thread_id();
+             WaitFor wait;
+             if (main_thread) {
+               wait = [](Job& job) {
+                 while (!job.wait_for(std::chrono::milliseconds(50))) {
+                   py::gil_scoped_acquire gil;
+                   if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+                 }
+               };
+             }
+             WindowBatch b = without_gil([&] { return p.take(epoch, batch, wait); });
+             return wrap_window_batch(p.source(), b);
+           })
+      .def("stream",
+           [](const std::shared_ptr<EpochPlan>& p, std::uint64_t epoch, std::size_t start_batch, std::size_t prefetch) {
+             auto stream = without_gil([&] { return p->stream(epoch, start_batch, prefetch); });
+             return std::make_unique<PyStream>(p, std::move(stream));
+           })
+      .def("close", [](EpochPlan& p) { without_gil([&] { p.close(); }); });
+}
+
+}  // namespace npyfeed::bindings

@@ -1,0 +1,185 @@
+// Indexes (compiled, cached, or from columns) and window sources over files or arrays in memory.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bind.hpp"
+#include "convert.hpp"
+#include "gil.hpp"
+#include "npyfeed/index.hpp"
+#include "npyfeed/index_cache.hpp"
+#include "npyfeed/thread_pool.hpp"
+#include "npyfeed/window_source.hpp"
+
+namespace npyfeed::bindings {
+
+namespace {
+
+WindowOptions window_options(std::int64_t window, const std::string& dtype, const std::string& bounds,
+                             const std::string& mode, std::size_t threads, std::size_t max_header_size,
+                             const Placement& placement, const std::string& npz_member = "",
+                             std::uint64_t npz_memory_limit = 0) {
+  WindowOptions o;
+  o.window = window;
+  o.out_size = parse_out_dtype(dtype);
+  o.bounds = parse_bounds(bounds);
+  o.mode = parse_read_mode(mode);
+  o.threads = threads;
+  o.max_header_size = max_header_size;
+  o.placement = placement;
+  o.npz_member = npz_member;
+  o.npz_memory_limit = npz_memory_limit;
+  return o;
+}
+
+std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::vector<std::string>& factor_paths,
+                                                const std::vector<std::string>& label_paths, std::int64_t window,
+                                                const std::string& dtype, const std::string& bounds,
+                                                const std::string& mode, std::size_t threads,
+                                                std::size_t max_header_size, const Placement& placement,
+                                                const std::string& npz_member, std::uint64_t npz_memory_limit) {
+  auto source = std::make_shared<WindowSource>(
+      index,
+      window_options(window, dtype, bounds, mode, threads, max_header_size, placement, npz_member, npz_memory_limit));
+  wait_interruptibly(without_gil([&] {
+    return source->start_open(shared_pool(0, placement), factor_paths, label_paths);  // checks the placement first
+  }));
+  without_gil([&] { source->finish_open(); });
+  return source;
+}
+
+// A Python object kept alive from C++: a new reference, dropped by whichever thread lets go last. A thread
+// holding the GIL drops it at once; any other thread (a pool worker finishing a gather) never takes the GIL
+// (which could block it, or end it while the interpreter exits) but leaves it to the interpreter's next
+// check (Py_AddPendingCall, callable from any thread). While the interpreter finalizes it is left alone.
+std::shared_ptr<const void> keep_alive(const py::object& object) {
+  PyObject* ref = object.ptr();
+  Py_INCREF(ref);
+  return std::shared_ptr<const void>(ref, [](const void* p) {
+    PyObject* ref = static_cast<PyObject*>(const_cast<void*>(p));
+    if (!Py_IsInitialized() || interpreter_finalizing()) return;
+    if (PyGILState_Check() != 0) {
+      Py_DECREF(ref);
+      return;
+    }
+    // One call per source (its arrays share one owner): the queue of pending calls is short, and a full one
+    // leaks the arrays rather than block a worker.
+    Py_AddPendingCall(
+        [](void* q) {
+          Py_DECREF(static_cast<PyObject*>(q));
+          return 0;
+        },
+        ref);
+  });
+}
+
+std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, const std::vector<py::array>& factors,
+                                                        const std::vector<py::array>& labels, std::int64_t window,
+                                                        const std::string& dtype, const std::string& bounds,
+                                                        std::size_t threads, const Placement& placement) {
+  without_gil([&] { shared_pool(0, placement); });  // checks the placement
+  auto source = std::make_shared<WindowSource>(
+      index, window_options(window, dtype, bounds, "mmap", threads, kDefaultMaxHeaderSize, placement));
+  if (factors.size() != index.keys.size() || labels.size() != index.keys.size()) {
+    throw InvalidArgument("one factor and one label array per key are needed");
+  }
+  // All the arrays, kept alive together by the memory sources (one reference to drop at the end).
+  py::tuple arrays(2 * index.keys.size());
+  for (std::size_t k = 0; k < index.keys.size(); ++k) {
+    arrays[2 * k] = factors[k];
+    arrays[2 * k + 1] = labels[k];
+  }
+  const std::shared_ptr<const void> owner = keep_alive(arrays);
+  for (std::size_t k = 0; k < index.keys.size(); ++k) {
+    for (int which = 0; which < 2; ++which) {
+      const py::array& a = which == 0 ? factors[k] : labels[k];
+      if (!(a.flags() & py::array::c_style))
+        throw InvalidArgument("arrays must be C-contiguous (the caller makes them so)");
+      std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
+      std::string typestr = a.dtype().attr("str").cast<std::string>();
+      source->set_memory_source(k, which == 1, owner, static_cast<const std::byte*>(a.data()), shape, typestr);
+    }
+  }
+  source->finish_open();
+  return source;
+}
+
+}  // namespace
+
+void bind_windows(py::module_& m) {
+  py::class_<SampleIndex>(m, "SampleIndex")
+      .def("__len__", &SampleIndex::size)
+      .def_property_readonly("keys", [](const SampleIndex& i) { return i.keys; });
+
+  m.def(
+      "load_index",
+      [](const std::vector<std::string>& paths, const std::string& cache_dir, std::size_t threads) {
+        IndexLoad load = without_gil([&] { return load_index(paths, cache_dir, threads); });
+        py::object cache_path = load.cache_path.empty() ? py::object(py::none()) : py::object(os_text(load.cache_path));
+        return py::make_tuple(std::move(load.index), cache_path, load.built, os_text(load.warning));
+      },
+      py::arg("paths"), py::arg("cache_dir"), py::arg("threads"));
+
+  m.def(
+      "index_from_columns",
+      [](const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& feature,
+         const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& label,
+         const std::vector<std::string>& keys, const std::string& name) {
+        if (feature.size() != label.size() || feature.size() != static_cast<py::ssize_t>(keys.size())) {
+          throw InvalidArgument("index columns differ in length");
+        }
+        SampleIndex index;
+        index.sources.push_back(name);
+        for (py::ssize_t i = 0; i < feature.size(); ++i) {
+          index.add(feature.data()[i], label.data()[i], keys[static_cast<std::size_t>(i)], 0,
+                    static_cast<std::uint64_t>(i + 1));
+        }
+        index.finish();
+        return index;
+      },
+      py::arg("feature_index"), py::arg("label_index"), py::arg("keys"), py::arg("name"));
+
+  py::class_<WindowSource, std::shared_ptr<WindowSource>>(m, "WindowSourceCore")
+      .def("__len__", &WindowSource::size)
+      .def_property_readonly("skipped", &WindowSource::skipped)
+      .def_property_readonly("direct_fallbacks", &WindowSource::direct_fallbacks)
+      .def_property_readonly("mapping_limit", &WindowSource::mapping_limit)
+      .def_property_readonly("x_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.x_shape())); })
+      .def_property_readonly("y_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.y_shape())); })
+      .def("describe", &WindowSource::describe)
+      .def("get", [](const std::shared_ptr<WindowSource>& s,
+                     const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& ids) {
+        auto [batch, job] = s->start_batch(shared_pool(0, s->options().placement), int64_vector(ids));
+        wait_interruptibly(job);
+        return wrap_window_batch(*s, batch);
+      });
+
+  m.def(
+      "open_window_files",
+      [](SampleIndex& index, const std::vector<std::string>& factor_paths, const std::vector<std::string>& label_paths,
+         std::int64_t window, const std::string& dtype, const std::string& bounds, const std::string& mode,
+         std::size_t threads, std::size_t max_header_size, const std::vector<int>& cpus, std::optional<int> nice,
+         std::optional<std::pair<int, int>> io_priority, const std::string& npz_member,
+         std::uint64_t npz_memory_limit) {
+        return open_window_files(index, factor_paths, label_paths, window, dtype, bounds, mode, threads,
+                                 max_header_size, placement_of(cpus, nice, io_priority), npz_member, npz_memory_limit);
+      },
+      py::arg("index"), py::arg("factor_paths"), py::arg("label_paths"), py::arg("window"), py::arg("dtype"),
+      py::arg("bounds"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"),
+      py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(), py::arg("io_priority") = py::none(),
+      py::arg("npz_member") = "", py::arg("npz_memory_limit") = 0);
+  m.def(
+      "window_source_from_arrays",
+      [](SampleIndex& index, const std::vector<py::array>& factors, const std::vector<py::array>& labels,
+         std::int64_t window, const std::string& dtype, const std::string& bounds, std::size_t threads,
+         const std::vector<int>& cpus, std::optional<int> nice, std::optional<std::pair<int, int>> io_priority) {
+        return window_source_from_arrays(index, factors, labels, window, dtype, bounds, threads,
+                                         placement_of(cpus, nice, io_priority));
+      },
+      py::arg("index"), py::arg("factors"), py::arg("labels"), py::arg("window"), py::arg("dtype"), py::arg("bounds"),
+      py::arg("threads"), py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(),
+      py::arg("io_priority") = py::none());
+}
+
+}  // namespace npyfeed::bindings
