@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""The README's benchmark tables, rendered from the committed results of one run of each benchmark.
+"""The benchmark tables and figures, rendered from the committed results of one run of each benchmark.
 
     python3 bench/bench_windows.py --json bench/results/windows.json
     python3 bench/bench_load.py --json bench/results/load.json
     python3 bench/bench_node.py --single --json bench/results/node.json
-    python3 bench/report.py --write README.md     # replaces the block between the README's bench markers
-    python3 bench/report.py --check README.md     # exit 1 if the README's block differs (a test runs this)
+    python3 bench/bench_stream.py --files 7300 --seconds 60 --json bench/results/stream.json
+    python3 bench/report.py --write docs/benchmarks.md   # replaces the block between the page's bench markers
+    python3 bench/report.py --check docs/benchmarks.md   # exit 1 if the page's block differs (a test runs this)
+    python3 bench/report.py --figures bench/results      # windows.svg, stream.svg, node.svg (needs matplotlib)
 
-Every figure in the block comes from those files (with the command and date of their run beside it), every
-target is shown met or MISSED, so the README cannot drift from what was measured.
+Every number in the block comes from those files (with the command and date of their run beside it), every
+target is shown met or not met, so the documentation cannot drift from what was measured.
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ def _source(result: dict) -> str:
 
 
 def _targets(result: dict) -> list:
-    rows = [[t["target"] + (f" ({t['dtype']})" if t.get("dtype") else ""), t["measured"], t["needed"],
-             t["status"]] for t in result.get("targets", []) if t["status"] != "info"]
-    return _table(("target", "measured", "needed", "status"), rows)
+    # "MISSED" in the JSON is the benchmark's own word; the page says "not met".
+    status = {"MISSED": "not met"}
+    rows = [[t["target"] + (f" ({t['dtype']})" if t.get("dtype") else ""), f"{t['needed']} / {t['measured']}",
+             status.get(t["status"], t["status"])] for t in result.get("targets", []) if t["status"] != "info"]
+    return _table(("target", "target / measured", "status"), rows)
 
 
 def render_windows(result: dict) -> list:
@@ -58,7 +62,7 @@ def render_windows(result: dict) -> list:
         rows.append([r["name"], r["dtype"], r["cache"], f"{r['best']:,.0f}", _x(r.get("vs_a"), ".1f"),
                      _x(r.get("vs_b"), ".1f"), _x(r.get("vs_e_mmap")), f"{_x(r.get('vs_limit'))} {r['limit']}"])
     out += _table(("contender", "source", "cache", "samples/s", "× (a)", "× (b)", "× (e) mmap", "× limit"), rows)
-    return out + ["", "Targets (issue 3):", ""] + _targets(result)
+    return out + ["", "Targets:", ""] + _targets(result)
 
 
 def render_load(result: dict) -> list:
@@ -70,7 +74,7 @@ def render_load(result: dict) -> list:
             for r in result["results"]]
     out += _table(("contender", "cache", "threads", "best s", "GB/s", "× np.load loop", "× limit"), rows)
     limits = ", ".join(f"{k} {v:.2f}" for k, v in result["limits_gbps"].items() if v is not None)
-    return out + ["", f"Limits (GB/s, same run): {limits}.", "", "Targets (issue 2):", ""] + _targets(result)
+    return out + ["", f"Limits (GB/s, same run): {limits}.", "", "Targets:", ""] + _targets(result)
 
 
 def render_node(result: dict) -> list:
@@ -102,10 +106,132 @@ def render(results_dir: Path = RESULTS) -> str:
     return "\n".join([*parts, "", END])
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Figures (matplotlib, Agg, SVG with text kept as text: small files, the same bytes for the same results)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "npyfeed", "font.size": 9,
+                                "axes.spines.top": False, "axes.spines.right": False})
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    fig.savefig(path, format="svg", metadata={"Date": None}, bbox_inches="tight")
+
+
+def _caption(ax, result: dict) -> None:
+    """Where the figure's numbers come from, under the x axis's label."""
+    m = result.get("machine", {})
+    text = f"{result.get('date', 'date not recorded')}, {m.get('cpus', '?')} CPUs; {result.get('command', '?')}"
+    ax.annotate(text, xy=(0, 0), xycoords="axes fraction", xytext=(-60, -40), textcoords="offset points",
+                fontsize=7, color="#555555", annotation_clip=False)
+
+
+def figure_windows(result: dict, path: Path) -> None:
+    """Samples/s of every contender, warm and cold, with the physical limit of that cache state drawn in."""
+    plt = _pyplot()
+    caches = [c for c in ("warm", "cold") if any(r["cache"] == c for r in result["results"])]
+    rows = {c: [r for r in result["results"] if r["cache"] == c] for c in caches}
+    fig, axes = plt.subplots(len(caches), 1, figsize=(7.5, 1.0 + 0.32 * sum(len(v) for v in rows.values())),
+                             gridspec_kw={"height_ratios": [len(rows[c]) for c in caches]}, squeeze=False)
+    for ax, cache in zip(axes[:, 0], caches):
+        rs = rows[cache][::-1]
+        colors = ["#1f77b4" if r["tag"] in ("e", "f") else "#999999" for r in rs]
+        ax.barh([f"{r['name']} ({r['dtype']})" for r in rs], [r["best"] for r in rs], color=colors)
+        for i, r in enumerate(rs):
+            ax.text(r["best"] * 1.08, i, f"{r['best']:,.0f}", va="center", fontsize=8)
+        limit = max((r.get("limit_samples_per_s") or 0 for r in rs), default=0)
+        if limit:
+            ax.axvline(limit, color="#d62728", linestyle="--")
+            ax.text(limit, len(rs) - 0.4, f" limit: {rs[0]['limit']} ({limit:,.0f})", color="#d62728", fontsize=8,
+                    va="bottom", ha="right")
+        ax.set_xscale("log")
+        ax.set_xlim(min(r["best"] for r in rs) / 2, max(limit, max(r["best"] for r in rs)) * 3)
+        ax.set_title(f"{cache} page cache", loc="left", fontsize=9)
+    axes[-1, 0].set_xlabel("samples/s (log scale; blue: npyfeed)")
+    c = result["config"]
+    fig.suptitle(f"Window batches: {c['files']} files x ({c['rows']}, {c['cols']}), W={c['window']}, "
+                 f"B={c['batch']}", x=0.02, ha="left", fontsize=10)
+    _caption(axes[-1, 0], result)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def figure_stream(result: dict, path: Path) -> None:
+    """Data larger than RAM: each contender's samples/s against the warm in-RAM rate (1.0)."""
+    plt = _pyplot()
+    rs = result["results"]
+    warm = rs["warm global mmap"]["samples_per_s"]
+    names = list(rs)[::-1]
+    ratios = [rs[n]["samples_per_s"] / warm for n in names]
+    fig, ax = plt.subplots(figsize=(7.5, 0.8 + 0.4 * len(names)))
+    ax.barh(names, ratios, color=["#1f77b4" if "blocks" in n else "#999999" for n in names])
+    for i, (n, r) in enumerate(zip(names, ratios)):
+        ax.text(r + 0.01, i, f"{r:.2f}x ({rs[n]['samples_per_s'] / 1e3:,.1f}k/s)", va="center", fontsize=8)
+    ax.axvline(1.0, color="#555555", linestyle=":")
+    ax.axvline(0.8, color="#d62728", linestyle="--")
+    ax.text(0.8, len(names) - 0.4, "target 0.8x ", color="#d62728", fontsize=8, ha="right", va="bottom")
+    ax.set_xlim(0, 1.35)
+    ax.set_xlabel("samples/s over the warm in-RAM global shuffle (blue: shuffle=\"blocks\", cold cache)")
+    fig.suptitle(f"Larger than RAM: {result['data_bytes'] / 1e9:.1f} GB of files, "
+                 f"{result['data_bytes'] / result['available']:.2f}x the memory available, "
+                 f"memory_budget {result['budget'] / 2**30:g} GiB", x=0.02, ha="left", fontsize=10)
+    _caption(ax, result)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def figure_node(result: dict, path: Path) -> None:
+    """Memory per process at the users' key count, one process alone and N at once (mode "mmap")."""
+    plt = _pyplot()
+    a = result["args"]
+    runs = [(name, run) for name, run in result["runs"].items() if run["summary"]]
+    labels = [{"npyfeed_single": "1 process", "npyfeed": f"{len(run['results'])} processes",
+               "users": f"users' dict way, {len(run['results'])} processes"}.get(name, name) for name, run in runs]
+    metrics = (("rss_anon_sum", "RssAnon (own heap)"), ("private_sum", "private (own + unshared pages)"),
+               ("pss_sum", "PSS (shared pages split)"))
+    fig, ax = plt.subplots(figsize=(7.5, 2.6))
+    width = 0.8 / len(metrics)
+    for j, (key, label) in enumerate(metrics):
+        values = [run["summary"][key] / len(run["results"]) / 1e6 for _, run in runs]
+        xs = [i + (j - 1) * width for i in range(len(runs))]
+        ax.bar(xs, values, width, label=label)
+        for x, v in zip(xs, values):
+            ax.text(x, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(runs)), labels)
+    ax.set_ylabel("MB per process")
+    ax.legend(fontsize=8, frameon=False)
+    ax.set_title(f"One node: {a['files']:,} keys x ({a['rows']}, {a['cols']}) {a['dtype']}, mode {a['mode']}; "
+                 f"the dict way holds all {result['data_bytes'] / 1e9:.1f} GB in each process", loc="left", fontsize=9)
+    _caption(ax, result)
+    _save(fig, path)
+    plt.close(fig)
+
+
+FIGURES = (("windows.json", "windows.svg", figure_windows), ("stream.json", "stream.svg", figure_stream),
+           ("node.json", "node.svg", figure_node))
+
+
+def write_figures(out_dir: Path, results_dir: Path = RESULTS) -> list:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for source, name, fn in FIGURES:
+        if (results_dir / source).is_file():
+            fn(json.loads((results_dir / source).read_text()), out_dir / name)
+            written.append(out_dir / name)
+    return written
+
+
 def replace_block(text: str, block: str) -> str:
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise SystemExit(f"the README has no block between {BEGIN!r} and {END!r}")
+        raise SystemExit(f"the page has no block between {BEGIN!r} and {END!r}")
     return text[:start] + block + text[end + len(END):]
 
 
@@ -115,9 +241,14 @@ def main(argv=None) -> int:
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--results", default=str(RESULTS), help="folder of the JSON results (default bench/results)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--write", metavar="README", help="replace the block in this file")
-    g.add_argument("--check", metavar="README", help="exit 1 if this file's block differs from the results")
+    g.add_argument("--write", metavar="PAGE", help="replace the block in this file")
+    g.add_argument("--check", metavar="PAGE", help="exit 1 if this file's block differs from the results")
+    g.add_argument("--figures", metavar="DIR", help="write the figures (SVG) into this folder")
     args = p.parse_args(argv)
+    if args.figures:
+        for path in write_figures(Path(args.figures), Path(args.results)):
+            print(path)
+        return 0
     block = render(Path(args.results))
     if args.write:
         path = Path(args.write)
