@@ -134,3 +134,9 @@ def window_source_from_arrays(
     io_priority: tuple[int, int] | None = None,
 ) -> WindowSourceCore: ...
 def epoch_order(n: int, shuffle: bool, seed: int, epoch: int, num_shards: int, shard_index: int) -> np.ndarray: ...
+def warm_files(
+    paths: Sequence[str],
+    threads: int,
+    read: bool,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[tuple[int, int, int]], int]: ...
