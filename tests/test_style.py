@@ -44,3 +44,11 @@ def test_clang_format_leaves_the_cpp_sources_unchanged():
     proc = subprocess.run([_tool("clang-format"), "--dry-run", "--Werror", *files], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-5000:]
+
+
+def test_pre_commit_runs_the_same_checks_locally():
+    """.pre-commit-config.yaml runs these two checks, as local hooks (no hook repository fetched)."""
+    config = (ROOT / ".pre-commit-config.yaml").read_text(encoding="utf-8")
+    repos = [line.split(":", 1)[1].strip() for line in config.splitlines() if line.strip().startswith("- repo:")]
+    assert repos == ["local"]
+    assert "entry: ruff check" in config and "entry: clang-format --dry-run --Werror" in config

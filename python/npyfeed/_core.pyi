@@ -120,3 +120,9 @@ def window_source_from_arrays(
     nice: int | None = None,
     io_priority: tuple[int, int] | None = None,
 ) -> WindowSourceCore: ...
+def warm_files(
+    paths: Sequence[str],
+    threads: int,
+    read: bool,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[tuple[int, int, int]], int]: ...

@@ -62,6 +62,7 @@ class WarmReport:
 
     @property
     def files(self) -> int:
+        """Files over every directory."""
         return sum(d.files for d in self.directories.values())
 
     def table(self) -> str:

@@ -1,0 +1,38 @@
+"""Sphinx configuration of npyfeed's documentation: ``sphinx-build -W --keep-going -b html docs <out>``.
+
+The API pages are generated from the docstrings of the *installed* npyfeed (``pip install '.[docs]'``): autodoc
+imports the package, whose compiled core only exists once built. TensorFlow is mocked (``autodoc_mock_imports``)
+so that the docs extra does not pull in a 600 MB wheel: ``npyfeed.tf`` is a thin module whose one public function
+is documented from its own signature and docstring, none of which TensorFlow computes. Nothing is fetched at
+build time (no intersphinx): the docs build offline.
+"""
+
+import npyfeed
+
+project = "npyfeed"
+author = "the npyfeed authors"
+copyright = "the npyfeed authors"
+release = npyfeed.__version__
+version = ".".join(release.split(".")[:2])
+
+extensions = [
+    "myst_parser",
+    "numpydoc",
+    "sphinx.ext.autodoc",
+]
+source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+exclude_patterns = ["_build"]
+myst_heading_anchors = 3
+nitpicky = True  # every cross-reference must resolve (with -W, a broken one fails the build)
+
+autodoc_mock_imports = ["tensorflow"]
+autodoc_typehints = "none"  # numpydoc's Parameters sections already give the types
+autodoc_member_order = "bysource"
+numpydoc_show_class_members = False  # members are listed explicitly on the API page
+numpydoc_class_members_toctree = False
+numpydoc_xref_param_type = False
+
+html_theme = "pydata_sphinx_theme"
+html_title = f"npyfeed {release}"
+html_theme_options = {"navigation_with_keys": False, "show_toc_level": 2}
+html_static_path = []

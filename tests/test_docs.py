@@ -1,0 +1,157 @@
+"""The documentation against the code: runnable blocks run, signature blocks show the defaults, every public name
+is on the API page, the benchmark block is what bench/report.py renders, every C++ unit is in the source map.
+
+The blocks are those of docs/*.md and the README (tests/_doc_blocks.py: a block is marked by a ``<!-- runnable -->``
+or ``<!-- signature -->`` line just above its fence).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import inspect
+import os
+import re
+import subprocess
+import sys
+
+import npyfeed
+import numpy as np
+import pytest
+from _doc_blocks import DOCS, PRELUDE, ROOT, blocks
+
+HAVE_TF = importlib.util.find_spec("tensorflow") is not None
+RUNNABLE = [b for b in blocks() if "runnable" in b.markers]
+SIGNATURE_BLOCKS = [b for b in blocks() if "signature" in b.markers]
+API = DOCS / "api.rst"
+
+
+def _needs_tf(code: str) -> bool:
+    return bool(re.search(r"^\s*(import tensorflow|import npyfeed.tf|import npyfeed, npyfeed.tf)", code, re.M))
+
+
+def test_the_markers_are_on_python_blocks():
+    assert len(RUNNABLE) >= 8 and len(SIGNATURE_BLOCKS) >= 4
+    for block in RUNNABLE + SIGNATURE_BLOCKS:
+        assert block.language == "python", f"{block.id}: a marked block must be a python block"
+        ast.parse(block.code)
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.id, marks=[pytest.mark.slow] if _needs_tf(b.code) else [])
+                                   for b in RUNNABLE])
+def test_runnable_block_runs_as_shown(block, tmp_path):
+    if _needs_tf(block.code) and not HAVE_TF:
+        pytest.skip("TensorFlow is not installed")
+    env = dict(os.environ, NPYFEED_CACHE_DIR=str(tmp_path / "cache"))  # the index cache and warm's lock file
+    proc = subprocess.run([sys.executable, "-c", PRELUDE + block.code], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, f"{block.id}\n{proc.stdout}{proc.stderr[-4000:]}"
+    if "MirroredStrategy" in block.code:  # the multi-GPU loop prints one loss per epoch
+        losses = [float(line.split()[-1]) for line in proc.stdout.splitlines() if line.startswith("epoch ")]
+        assert len(losses) == 2 and all(np.isfinite(losses)), proc.stdout
+
+
+# The calls the signature blocks present as signatures.
+SIGNATURES = {
+    "npyfeed.load_many": npyfeed.load_many,
+    "npyfeed.load_factor_files": npyfeed.load_factor_files,
+    "npyfeed.WindowSource": npyfeed.WindowSource,
+    "npyfeed.warm": npyfeed.warm,
+}
+
+
+@pytest.mark.parametrize("name", list(SIGNATURES))
+def test_signature_blocks_show_the_defaults(name):
+    calls = [node for b in SIGNATURE_BLOCKS for node in ast.walk(ast.parse(b.code))
+             if isinstance(node, ast.Call) and ast.unparse(node.func) == name]
+    assert calls, f"no signature block shows {name}(...)"
+    parameters = inspect.signature(SIGNATURES[name]).parameters
+    checked = 0
+    for call in calls:
+        for keyword in call.keywords:
+            assert keyword.arg in parameters, f"docs: {name}(..., {keyword.arg}=...) is not a parameter"
+            default = parameters[keyword.arg].default
+            if default is inspect.Parameter.empty:
+                continue  # a required argument, given an example value
+            try:
+                shown = ast.literal_eval(keyword.value)
+            except ValueError:
+                continue  # a variable
+            assert shown == default, f"docs: {name}(..., {keyword.arg}={shown!r}); the code's default is {default!r}"
+            checked += 1
+    assert checked > 0
+
+
+def _documented() -> set:
+    """The names the API page documents with an autodoc directive."""
+    return set(re.findall(r"^\.\. auto\w+:: (npyfeed\.[\w.]+)", API.read_text(encoding="utf-8"), re.M))
+
+
+@pytest.mark.parametrize("name", npyfeed.__all__)
+def test_every_public_name_is_on_the_api_page(name):
+    assert f"npyfeed.{name}" in _documented(), f"docs/api.rst documents no npyfeed.{name}: add an autodoc directive"
+
+
+def test_the_tf_adapter_is_on_the_api_page():
+    assert "npyfeed.tf.dataset" in _documented()
+
+
+@pytest.mark.parametrize("cls", [npyfeed.WindowSource, npyfeed.BatchIterator, npyfeed.WarmReport],
+                         ids=lambda c: c.__name__)
+def test_public_methods_and_properties_are_on_the_api_page(cls):
+    text = API.read_text(encoding="utf-8")
+    directive = re.search(rf"^\.\. autoclass:: npyfeed\.{cls.__name__}\n((?:   .*\n|\s*\n)*)", text, re.M)
+    assert directive, f"docs/api.rst has no autoclass for {cls.__name__}"
+    members = set(re.findall(r"\w+", " ".join(re.findall(r":members:(.*(?:\n {13,}.*)*)", directive.group(1)))))
+    public = {name for name, value in vars(cls).items() if not name.startswith("_")
+              and (isinstance(value, (property, classmethod, staticmethod)) or inspect.isfunction(value))}
+    assert public, cls
+    assert public <= members, f"{cls.__name__}: {sorted(public - members)} missing from :members: in docs/api.rst"
+    for name in public:
+        doc = inspect.getdoc(getattr(cls, name))
+        assert doc, f"{cls.__name__}.{name} has no docstring (autodoc would leave it out)"
+
+
+def test_the_benchmark_pages_are_rendered_from_the_committed_results():
+    """The benchmarks page's block and the README's headline are exactly what bench/report.py renders from
+    bench/results/*.json, and the figures they show are committed."""
+    for page in ("docs/benchmarks.md", "README.md"):
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "report.py"), "--check", str(ROOT / page)],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    block = (DOCS / "benchmarks.md").read_text(encoding="utf-8").split("<!-- bench:begin")[1].split("<!-- bench:end")[0]
+    assert "**Window batches**" in block and "**Whole files**" in block and "| met |" in block
+    assert "MISSED" not in block
+    tracked = subprocess.run(["git", "ls-files", "bench/results"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    for figure in ("windows.svg", "stream.svg", "node.svg"):
+        assert f"bench/results/{figure}" in tracked.stdout.split(), f"bench/results/{figure} is not committed"
+        assert f"../bench/results/{figure}" in (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+
+
+def test_report_renders_the_figures(tmp_path):
+    pytest.importorskip("matplotlib")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "report.py"), "--figures", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for figure in ("windows.svg", "stream.svg", "node.svg"):
+        svg = (tmp_path / figure).read_text(encoding="utf-8")
+        assert svg.lstrip().startswith("<?xml") and "</svg>" in svg
+        assert len(svg) < 200_000  # small enough to commit
+
+
+def test_every_cpp_unit_is_in_the_source_map():
+    page = (DOCS / "development.md").read_text(encoding="utf-8")
+    headers = sorted((ROOT / "csrc" / "npyfeed").rglob("*.hpp"))
+    assert len(headers) > 20
+    for header in headers:
+        unit = header.relative_to(ROOT / "csrc" / "npyfeed").with_suffix("").as_posix()
+        assert f"| `{unit}` |" in page, f"docs/development.md's source map has no row for {unit}"
+
+
+def test_no_process_words_in_readme_or_docs():
+    for page in [ROOT / "README.md", *DOCS.glob("*.md"), *DOCS.glob("*.rst")]:
+        text = page.read_text(encoding="utf-8")
+        assert "MISSED" not in text, page
+        assert not re.search(r"\bissues? \d+|#\d{1,4}\b", text), page
