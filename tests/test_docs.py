@@ -96,7 +96,7 @@ def test_the_tf_adapter_is_on_the_api_page():
     assert "npyfeed.tf.dataset" in _documented()
 
 
-@pytest.mark.parametrize("cls", [npyfeed.WindowSource, npyfeed.BatchIterator, npyfeed.WarmReport],
+@pytest.mark.parametrize("cls", [npyfeed.WindowSource, npyfeed.BatchIterator, npyfeed.Plan, npyfeed.WarmReport],
                          ids=lambda c: c.__name__)
 def test_public_methods_and_properties_are_on_the_api_page(cls):
     text = API.read_text(encoding="utf-8")
