@@ -126,17 +126,8 @@ void bind_windows(py::module_& m) {
       [](const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& feature,
          const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& label,
          const std::vector<std::string>& keys, const std::string& name) {
-        if (feature.size() != label.size() || feature.size() != static_cast<py::ssize_t>(keys.size())) {
-          throw InvalidArgument("index columns differ in length");
-        }
-        SampleIndex index;
-        index.sources.push_back(name);
-        for (py::ssize_t i = 0; i < feature.size(); ++i) {
-          index.add(feature.data()[i], label.data()[i], keys[static_cast<std::size_t>(i)], 0,
-                    static_cast<std::uint64_t>(i + 1));
-        }
-        index.finish();
-        return index;
+        return index_from_columns({feature.data(), static_cast<std::size_t>(feature.size())},
+                                  {label.data(), static_cast<std::size_t>(label.size())}, keys, name);
       },
       py::arg("feature_index"), py::arg("label_index"), py::arg("keys"), py::arg("name"));
 

@@ -13,9 +13,10 @@
 #include "npyfeed/batch.hpp"
 #include "npyfeed/epoch_order.hpp"
 #include "npyfeed/thread_pool.hpp"
-#include "npyfeed/window_source.hpp"
 
 namespace npyfeed {
+
+class WindowSource;  // window_source.hpp
 
 /// Read-ahead over a sample order: keeps up to `prefetch` batch gathers in flight on the pool.
 /// Thread-safe: close() may come from another thread while one waits for a batch (take() then returns an

@@ -13,11 +13,15 @@
 #include <vector>
 
 #include "npyfeed/aligned_buffer.hpp"
+#include "npyfeed/array_reader.hpp"
+#include "npyfeed/batch.hpp"
 #include "npyfeed/block_order.hpp"
 #include "npyfeed/thread_pool.hpp"
-#include "npyfeed/window_source.hpp"
 
 namespace npyfeed {
+
+class WindowSource;  // window_source.hpp
+struct KeyArrays;
 
 /// Bytes of each key's arrays as plan_blocks counts them: factor plus label data bytes (not the headers), so
 /// that the order is the same for files in any read mode and for the same arrays in memory.

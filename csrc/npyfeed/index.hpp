@@ -110,4 +110,9 @@ IndexFileIdentity index_file_identity(const std::string& path);
 /// Throws OsError / InvalidArgument (the first malformed line, naming file and line).
 SampleIndex read_index_files(const std::vector<std::string>& paths, std::size_t threads = 1);
 
+/// An index from columns in memory (a list of (feature_index, label_index, key) tuples), named `name` in
+/// messages; entry i is "line" i + 1. Throws InvalidArgument for columns of different lengths.
+SampleIndex index_from_columns(std::span<const std::int64_t> feature, std::span<const std::int64_t> label,
+                               const std::vector<std::string>& keys, const std::string& name);
+
 }  // namespace npyfeed

@@ -11,6 +11,7 @@
 
 #include "npyfeed/array_reader.hpp"
 #include "npyfeed/npy_header.hpp"
+#include "npyfeed/npz.hpp"
 #include "npyfeed/thread_pool.hpp"
 
 namespace npyfeed {
@@ -69,6 +70,31 @@ class ManyLoad {
   std::vector<Chunk> chunks_;
   std::shared_ptr<std::atomic<std::uint64_t>> bytes_done_;
   std::uint64_t bytes_total_ = 0;
+};
+
+/// Loads every member of many archives in parallel: directories first (one item per archive), then members
+/// (one item per member of every archive: reads, inflates and CRC checks run on all threads at once).
+class NpzLoad {
+ public:
+  struct Member {
+    std::size_t archive = 0;  // index into the paths
+    std::size_t index = 0;    // index into that archive's members()
+    ZipMember entry;
+    LoadedArray array;  // array.path is the archive's path
+  };
+  /// Throws InvalidArgument for threads of 0.
+  NpzLoad(std::vector<std::string> paths, LoadOptions options);
+  std::shared_ptr<Job> start_directories(ThreadPool& pool);
+  std::shared_ptr<Job> start_members(ThreadPool& pool);
+  /// Every member of every archive, archive by archive in directory order, once both phases finished.
+  std::vector<Member>& results() noexcept { return members_; }
+
+ private:
+  void load_member(std::size_t i);
+  std::vector<std::string> paths_;
+  LoadOptions options_;
+  std::vector<std::shared_ptr<NpzArchive>> archives_;
+  std::vector<Member> members_;
 };
 
 }  // namespace npyfeed

@@ -60,4 +60,8 @@ NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::size_t max_hea
 /// When `scalar` is given and descr is a plain numeric typestr, it is filled in.
 std::uint64_t descr_itemsize(const detail::PyLiteral& descr, ScalarType* scalar = nullptr);
 
+/// Itemsize of an array-protocol type string (numpy's dtype.str, e.g. "<f4"), as a header's descr would have
+/// it; `scalar` as for descr_itemsize. Throws NpyFormatError for what np.load refuses.
+std::uint64_t dtype_str_itemsize(const std::string& typestr, ScalarType* scalar = nullptr);
+
 }  // namespace npyfeed

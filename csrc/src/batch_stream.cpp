@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "npyfeed/errors.hpp"
+#include "npyfeed/window_source.hpp"
 
 namespace npyfeed {
 

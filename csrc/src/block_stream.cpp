@@ -5,6 +5,7 @@
 #include <string>
 
 #include "npyfeed/errors.hpp"
+#include "npyfeed/window_source.hpp"
 
 namespace npyfeed {
 

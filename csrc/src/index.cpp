@@ -421,4 +421,16 @@ SampleIndex read_index_files(const std::vector<std::string>& paths, std::size_t 
   return index;
 }
 
+SampleIndex index_from_columns(std::span<const std::int64_t> feature, std::span<const std::int64_t> label,
+                               const std::vector<std::string>& keys, const std::string& name) {
+  if (feature.size() != label.size() || feature.size() != keys.size()) {
+    throw InvalidArgument("index columns differ in length");
+  }
+  SampleIndex index;
+  index.sources.push_back(name);
+  for (std::size_t i = 0; i < feature.size(); ++i) index.add(feature[i], label[i], keys[i], 0, i + 1);
+  index.finish();
+  return index;
+}
+
 }  // namespace npyfeed

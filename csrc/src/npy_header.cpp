@@ -284,6 +284,13 @@ std::uint64_t descr_itemsize(const PyLiteral& descr, ScalarType* scalar) {
   return descr_itemsize_impl(descr, scalar, 0);
 }
 
+std::uint64_t dtype_str_itemsize(const std::string& typestr, ScalarType* scalar) {
+  PyLiteral descr;
+  descr.kind = PyLiteral::Kind::kStr;
+  descr.str = typestr;
+  return descr_itemsize(descr, scalar);
+}
+
 std::uint64_t npy_header_end(std::span<const std::byte> prefix, std::size_t max_header_size) {
   Preamble p = read_preamble(prefix, max_header_size);
   return p.size + p.text_len;

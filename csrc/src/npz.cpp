@@ -154,48 +154,4 @@ std::shared_ptr<ArrayReader> NpzArchive::open_member(std::size_t i, ReadMode mod
 
 // ---- NpzLoad --------------------------------------------------------------------------------------------
 
-NpzLoad::NpzLoad(std::vector<std::string> paths, LoadOptions options)
-    : paths_(std::move(paths)), options_(options), archives_(paths_.size()) {
-  if (options_.threads < 1) throw InvalidArgument("threads must be at least 1");
-}
-
-std::shared_ptr<Job> NpzLoad::start_directories(ThreadPool& pool) {
-  return pool.start(paths_.size(), options_.threads,
-                    [this](std::size_t i) { archives_[i] = NpzArchive::open(paths_[i]); });
-}
-
-std::shared_ptr<Job> NpzLoad::start_members(ThreadPool& pool) {
-  members_.clear();
-  for (std::size_t a = 0; a < archives_.size(); ++a) {
-    for (std::size_t k = 0; k < archives_[a]->members().size(); ++k) {
-      Member m;
-      m.archive = a;
-      m.index = k;
-      m.entry = archives_[a]->members()[k];
-      members_.push_back(std::move(m));
-    }
-  }
-  return pool.start(members_.size(), options_.threads, [this](std::size_t i) { load_member(i); });
-}
-
-void NpzLoad::load_member(std::size_t i) {
-  Member& m = members_[i];
-  const NpzArchive& archive = *archives_[m.archive];
-  bool view = false;
-  std::shared_ptr<ArrayReader> reader = archive.open_member(m.index, options_.mode, options_.max_header_size, &view);
-  if (view && options_.populate) {
-    const std::uint64_t at = static_cast<std::uint64_t>(reader->view() - archive.mapping()->data());
-    try {
-      archive.mapping()->populate(at, reader->header().nbytes);
-    } catch (const NpyFormatError& e) {
-      throw NpyFormatError(archive.path(), e.offset(), member_label(m.entry) + ": " + e.reason());
-    }
-  }
-  m.array.path = archive.path();
-  m.array.header = reader->header();
-  m.array.owner = reader->view_owner();
-  m.array.data = reader->view();
-  m.array.writable = reader->view_writable();
-}
-
 }  // namespace npyfeed

@@ -162,12 +162,9 @@ void WindowSource::set_memory_source(std::size_t key, bool label, std::shared_pt
                                      const std::byte* data, std::vector<std::int64_t> shape,
                                      const std::string& typestr) {
   const std::string name = std::string(label ? "labels" : "factors") + "['" + index_.keys.at(key) + "']";
-  detail::PyLiteral descr;
-  descr.kind = detail::PyLiteral::Kind::kStr;
-  descr.str = typestr;
   NpyHeader h;
   try {
-    h.itemsize = descr_itemsize(descr, &h.scalar);
+    h.itemsize = dtype_str_itemsize(typestr, &h.scalar);
   } catch (const NpyFormatError&) {
     h.scalar = {};
   }
