@@ -133,7 +133,7 @@ def test_headers_are_checked_in_parallel(dataset, monkeypatch, capsys):
             barrier.wait()
         return real(path, **kw)
 
-    monkeypatch.setattr(npyfeed, "read_header", read_header)
+    monkeypatch.setattr(npyfeed.loading, "read_header", read_header)  # what the CLI calls
     assert cli.main(["scan", str(dataset), "--threads", "2"]) == 0
     assert not barrier.broken
 
@@ -148,7 +148,7 @@ def test_data_reads_every_good_file_in_bounded_batches(dataset, monkeypatch, cap
         loaded.extend(paths)
         return real(paths, **kw)
 
-    monkeypatch.setattr(npyfeed, "load_many", load_many)
+    monkeypatch.setattr(npyfeed.loading, "load_many", load_many)  # what the CLI calls
     monkeypatch.setattr(cli, "DATA_BATCH_FILES", 2)
     assert cli.main(["scan", str(dataset), "--data"]) == 1
     out = capsys.readouterr().out
@@ -167,7 +167,7 @@ def test_data_isolates_a_file_that_fails_to_read(dataset, monkeypatch, capsys):
         loaded.extend(paths)
         return real(paths, **kw)
 
-    monkeypatch.setattr(npyfeed, "load_many", load_many)
+    monkeypatch.setattr(npyfeed.loading, "load_many", load_many)  # what the CLI calls
     assert cli.main(["scan", str(dataset), "--data"]) == 1
     out = capsys.readouterr().out
     assert "4 ok, 1 bad" in out

@@ -96,7 +96,4 @@ class ThreadPool {
 /// so interpreter exit with work in flight cannot join a thread that waits for the GIL.
 ThreadPool& shared_pool(std::size_t min_threads = 0, const Placement& placement = {});
 
-/// CPUs this process may run on (sched_getaffinity), at least 1.
-std::size_t available_cpus();
-
 }  // namespace npyfeed

@@ -181,15 +181,4 @@ ThreadPool& shared_pool(std::size_t min_threads, const Placement& placement) {
   return *pool;
 }
 
-std::size_t available_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    int n = CPU_COUNT(&set);
-    if (n > 0) return static_cast<std::size_t>(n);
-  }
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<std::size_t>(n) : 1;
-}
-
 }  // namespace npyfeed

@@ -20,7 +20,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
-from ._threads import resolve_threads
+from ._resources import MAX_HEADER_SIZE, resolve_threads
 
 __all__ = ["main"]
 
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="npyfeed", description="Fast, safe feeding of NumPy .npy files.")
-    from . import __version__
+    from . import __version__  # the package's own metadata
 
     parser.add_argument("--version", action="version", version=f"npyfeed {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
@@ -103,8 +103,8 @@ def _add_scan_parser(sub) -> None:
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="threads (default: 4 per CPU, at most 64, for the headers; NPYFEED_THREADS or the CPUs "
                         "for the --data reads)")
-    p.add_argument("--max-header-size", type=_positive_int, default=10000,
-                   help="largest header accepted, in characters (default 10000, as np.load)")
+    p.add_argument("--max-header-size", type=_positive_int, default=MAX_HEADER_SIZE,
+                   help=f"largest header accepted, in characters (default {MAX_HEADER_SIZE}, as np.load)")
     p.add_argument("--data", action="store_true",
                    help="also read every byte of every good file (catches IO errors; takes as long as a full load)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no dtype/shape summary")
@@ -161,7 +161,7 @@ def display_path(path) -> str:
 
 def _describe(error: BaseException) -> str:
     """One printable line saying what is wrong."""
-    from . import NpyFormatError
+    from ._core import NpyFormatError
 
     if isinstance(error, NpyFormatError):
         # Drop a Python traceback ("At: ...") that a dtype error from numpy may carry.
@@ -219,7 +219,8 @@ def _archive_header(path: str, max_header_size: int):
     (one dtype when they all share it) and the shape a tuple of their shapes."""
     import numpy as np
 
-    from . import Header, _core
+    from . import _core
+    from .loading import Header
 
     members = _core.read_npz_headers(os.fsencode(path), max_header_size)
     dtypes = [h["dtype"] for _, h, *_ in members]
@@ -234,7 +235,7 @@ def _archive_header(path: str, max_header_size: int):
 
 
 def _check_headers(report: _Report, files: list, threads: int, max_header_size: int, quiet: bool) -> None:
-    from . import read_header
+    from .loading import read_header
 
     def check(path):
         if path.endswith(".npz"):
@@ -283,7 +284,7 @@ def _failed_path(error: BaseException, batch: list):
 
 def _check_data(report: _Report, threads, max_header_size: int, quiet: bool) -> None:
     """Read every good file fully, a bounded batch at a time; a file that fails is moved to `report.bad`."""
-    from . import load, load_many
+    from .loading import load, load_many
 
     good = [path for path in report.files if path in report.headers]
     bar = _progress(sum(report.headers[p].nbytes for p in good), "B", "data", quiet)

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from . import _core, npz
-from ._threads import resolve_placement, resolve_threads
+from ._resources import MAX_HEADER_SIZE, resolve_placement, resolve_threads
 
 __all__ = ["Header", "read_header", "load", "load_many", "load_factor_files", "MODES"]
 
@@ -73,7 +73,7 @@ def _resolve_mode(mode: str, auto: str) -> str:
     return auto if mode == "auto" else mode
 
 
-def read_header(path, *, max_header_size: int = 10000) -> Header:
+def read_header(path, *, max_header_size: int = MAX_HEADER_SIZE) -> Header:
     """Read and validate the header of a `.npy` file without reading its data.
 
     Parameters
@@ -97,7 +97,7 @@ def read_header(path, *, max_header_size: int = 10000) -> Header:
 
 
 def load(path, *, mode: str = "auto", threads: int | None = None, populate: bool = False,
-         max_header_size: int = 10000, cpus=None, nice: int | None = None, io_priority=None):
+         max_header_size: int = MAX_HEADER_SIZE, cpus=None, nice: int | None = None, io_priority=None):
     """Load one `.npy` file, or every array of a `.npz` archive; equal to ``np.load(path)``.
 
     Parameters
@@ -127,7 +127,7 @@ def load(path, *, mode: str = "auto", threads: int | None = None, populate: bool
 
 
 def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None, progress: bool = False,
-              populate: bool = False, max_header_size: int = 10000, cpus=None, nice: int | None = None,
+              populate: bool = False, max_header_size: int = MAX_HEADER_SIZE, cpus=None, nice: int | None = None,
               io_priority=None) -> list:
     """Load many `.npy` files (and `.npz` archives) in parallel with the GIL released.
 
@@ -202,7 +202,7 @@ def _default_key(path: str) -> str:
 def load_factor_files(in_files: Sequence, store_dict: MutableMapping | None = None, *,
                       key: Callable[[str], object] | None = None, mode: str = "auto",
                       threads: int | None = None, progress: bool = False, populate: bool = False,
-                      max_header_size: int = 10000, cpus=None, nice: int | None = None,
+                      max_header_size: int = MAX_HEADER_SIZE, cpus=None, nice: int | None = None,
                       io_priority=None) -> MutableMapping:
     """Drop-in for the users' ``load_factor_files(in_files, store_dict)``, in parallel.
 

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import _core
-from ._threads import resolve_threads
+from ._resources import cache_dir, resolve_threads
 from .loading import _fspath, _native, _progress_bar
+from .windows import WindowSource
 
-__all__ = ["warm", "WarmReport", "DirectoryResidency", "cache_dir"]
+__all__ = ["warm", "WarmReport", "DirectoryResidency"]
 
 log = logging.getLogger("npyfeed")
 
@@ -78,15 +79,6 @@ class WarmReport:
         rate = self.bytes_read / self.seconds / 1e9 if self.seconds > 0 else 0.0
         lines.append(f"read {_size(self.bytes_read)} in {self.seconds:.1f} s ({rate:.2f} GB/s)")
         return "\n".join(lines)
-
-
-def cache_dir() -> Path:
-    """npyfeed's cache folder: ``$NPYFEED_CACHE_DIR``, else ``$XDG_CACHE_HOME/npyfeed``, else ``~/.cache/npyfeed``."""
-    explicit = os.environ.get("NPYFEED_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "npyfeed"
 
 
 def warm(paths, *, threads: int | None = None, progress: bool = False, check: bool = False,
@@ -145,8 +137,6 @@ def warm(paths, *, threads: int | None = None, progress: bool = False, check: bo
 
 
 def _files_of(paths, pattern: str) -> list:
-    from .windows import WindowSource
-
     if isinstance(paths, WindowSource):
         return list(paths.files)
     if isinstance(paths, (str, bytes, os.PathLike)):

@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from . import _checks, _core
-from ._threads import resolve_placement, resolve_threads
+from ._resources import MAX_HEADER_SIZE, available_memory, default_npz_memory_limit, resolve_placement, resolve_threads
+from ._resources import cache_dir as _default_cache_dir
 from .loading import _fspath, _native, _resolve_mode
 from .plan import DEFAULT_MEMORY_BUDGET, BatchIterator, Plan, shuffle_kind
-from .warm import cache_dir as _default_cache_dir
 
 log = logging.getLogger("npyfeed")
 
@@ -115,7 +115,8 @@ class WindowSource:
     npz_memory_limit : int, optional
         `.npz` members are inflated (deflated members) or copied (stored members not viewed in place:
         misaligned, or ``mode`` other than ``"mmap"``) once, at construction, and held in memory for the
-        source's life. This caps their total size in bytes (default: half the physical memory); going over
+        source's life. This caps their total size in bytes (default: half the memory available, as
+        ``MemAvailable`` or a cgroup's limit gives it); going over
         raises ``ValueError`` naming the file.
 
     Raises
@@ -134,7 +135,7 @@ class WindowSource:
     """
 
     def __init__(self, index_files, factor_dir, label_dir, window: int, *, mode: str = "auto",
-                 threads: int | None = None, dtype="float32", bounds: str = "error", max_header_size: int = 10000,
+                 threads: int | None = None, dtype="float32", bounds: str = "error", max_header_size: int = MAX_HEADER_SIZE,
                  cpus=None, nice: int | None = None, io_priority=None, cache: bool = True, cache_dir=None,
                  member: str | None = None, npz_memory_limit: int | None = None):
         window, out_dtype = _check_common(window, dtype, bounds)
@@ -148,7 +149,7 @@ class WindowSource:
         label_paths = [os.path.join(label_dir, k + ".npy") for k in keys]
         core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, _dtype_name(out_dtype), bounds, core_mode,
                                        nthreads, max_header_size, **placement, npz_member=member or "",
-                                       npz_memory_limit=npz_memory_limit or 0)
+                                       npz_memory_limit=npz_memory_limit or default_npz_memory_limit())
         self._init(core, index, window, out_dtype, core_mode, nthreads)
         self._index_cache, self._index_built = index_cache, built
         # The files read: `<k>.npz` where the source fell back to it (one stat each, after a successful open).
@@ -420,29 +421,6 @@ class WindowSource:
         plan = self.plan(batch_size, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index,
                          drop_remainder=drop_remainder, memory_budget=memory_budget, prefetch=prefetch)
         return plan.batches(epoch, start_batch=start_batch)
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this process can still use: MemAvailable, or less where a cgroup (v2 or v1) limits it."""
-    found = []
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError):
-        pass
-    # A cgroup limit (v2, then v1) bounds the page cache this process's data can occupy too.
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(limit_file) as f:
-                limit = f.read().strip()
-        except OSError:
-            continue
-        if limit.isdigit() and int(limit) < 2**60:
-            found.append(int(limit))
-        break
-    return min(found) if found else None
 
 
 def _index_from_tuples(index) -> object:

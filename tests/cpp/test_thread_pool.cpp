@@ -271,7 +271,6 @@ TEST_CASE("shared_pool grows and is one pool") {
   std::atomic<int> n{0};
   b.run(50, 3, [&](std::size_t) { n.fetch_add(1); });
   CHECK_EQ(n.load(), 50);
-  CHECK(available_cpus() >= 1u);
 }
 
 TEST_CASE("a forked child gets a working shared_pool") {

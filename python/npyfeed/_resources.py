@@ -1,12 +1,17 @@
-"""How many threads a call uses (argument, else NPYFEED_THREADS, else the CPUs given as ``cpus=``, else the CPUs
-we may run on), and where they run (``cpus=``, ``nice=``, ``io_priority=``: the placement of npyfeed's own
-pool threads, checked by the core)."""
+"""What npyfeed takes from this machine, resolved in one place: how many threads a call uses (argument, else
+NPYFEED_THREADS, else the CPUs given as ``cpus=``, else the CPUs we may run on), where they run (``cpus=``,
+``nice=``, ``io_priority=``: the placement of npyfeed's own pool threads, checked by the core), the cache folder,
+the memory available (cgroup-aware), and the largest ``.npy`` header accepted."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
+
+#: The largest ``.npy`` header text accepted by default, as numpy's ``np.load``.
+MAX_HEADER_SIZE = 10000
 
 #: More threads than this is a mistake (a pool thread per request would exhaust the process).
 MAX_THREADS = 1024
@@ -75,3 +80,42 @@ def resolve_placement(cpus, nice, io_priority) -> dict:
             raise TypeError(f"io_priority level must be an int from 0 to 7, got {level!r}")
         out["io_priority"] = (IO_CLASSES[name], int(level))
     return out
+
+
+def cache_dir() -> Path:
+    """npyfeed's cache folder: ``$NPYFEED_CACHE_DIR``, else ``$XDG_CACHE_HOME/npyfeed``, else ``~/.cache/npyfeed``."""
+    explicit = os.environ.get("NPYFEED_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "npyfeed"
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still use: MemAvailable, or less where a cgroup (v2 or v1) limits it."""
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
+        pass
+    # A cgroup limit (v2, then v1) bounds the page cache this process's data can occupy too.
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and int(limit) < 2**60:
+            found.append(int(limit))
+        break
+    return min(found) if found else None
+
+
+def default_npz_memory_limit() -> int:
+    """Half the memory available (`available_memory`); 0 (the core's own default, half the physical memory)
+    where it cannot be read."""
+    available = available_memory()
+    return max(available // 2, 1) if available else 0
