@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import windows_data
 from hypothesis import settings
 
 # Derandomised so that CI runs the same examples every time; no deadline because a load's first call
@@ -88,3 +89,25 @@ def shm_path():
 def _private_index_cache(tmp_path_factory, monkeypatch):
     """Every test gets its own npyfeed cache dir (compiled indexes), never the user's ``~/.cache``."""
     monkeypatch.setenv("NPYFEED_CACHE_DIR", str(tmp_path_factory.mktemp("npyfeed-cache")))
+
+
+# -- the window tests' shared data sets (tests/windows_data.py builds them) ---------------------------------
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> windows_data.DataSet:
+    """6 keys of (30..60, 5) float64 factors and (rows, 2) float32 labels; W=6; 60 samples."""
+    rng = np.random.default_rng(41)
+    factors = {f"s{k}": windows_data.sample_values(rng, "<f8", (int(rng.integers(30, 61)), 5)) for k in range(6)}
+    labels = {k: windows_data.sample_values(rng, "<f4", (len(v), 2)) for k, v in factors.items()}
+    entries = windows_data.random_entries(rng, factors, labels, 6, per_key=10)
+    return windows_data.write_dataset(tmp_path_factory.mktemp("small"), factors, labels, entries, 6)
+
+
+@pytest.fixture(scope="module")
+def ordered(tmp_path_factory) -> windows_data.DataSet:
+    """103 samples over 4 keys (a prime, so batches and shards never divide it evenly)."""
+    rng = np.random.default_rng(51)
+    factors = {f"o{k}": windows_data.sample_values(rng, "<f4", (80, 3)) for k in range(4)}
+    labels = {k: windows_data.sample_values(rng, "<f4", (80, 1)) for k in factors}
+    entries = [(int(rng.integers(3, 80)), int(rng.integers(0, 80)), f"o{int(rng.integers(0, 4))}") for _ in range(103)]
+    return windows_data.write_dataset(tmp_path_factory.mktemp("ordered"), factors, labels, entries, 4)

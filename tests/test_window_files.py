@@ -1,6 +1,6 @@
 """How a WindowSource opens its files: only read-only (descriptors and mappings checked in /proc, and files of
 mode 0444 used by an unprivileged user), unreadable files as PermissionError, sockets and FIFOs refused without
-blocking, `max_header_size`, and the O_DIRECT fallback's warning. The gather itself is in test_windows.py."""
+blocking, `max_header_size`, and the O_DIRECT fallback's warning. The gather itself is in test_windows_gather.py."""
 
 from __future__ import annotations
 
@@ -228,7 +228,7 @@ def test_max_header_size(tmp_path, mode):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The O_DIRECT fallback (its batches are checked in test_windows.py)
+# The O_DIRECT fallback (its batches are checked in test_windows_gather.py)
 
 
 _FALLBACK_WARNING = """

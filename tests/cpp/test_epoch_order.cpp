@@ -1,7 +1,7 @@
 // The epoch order: a permutation that is the same on every machine (golden values), differs per epoch
 // and seed, is close to uniform, splits into disjoint shards covering the epoch, and is computed per position
 // (EpochOrder) exactly as the materialised order. Mirrors the epoch
-// tests in tests/test_windows.py.
+// tests in tests/test_windows_batches.py.
 #include <algorithm>
 #include <cstdint>
 #include <numeric>

@@ -1,7 +1,7 @@
 // The gather against values computed here: every source dtype in both byte orders, C and Fortran order,
 // every read mode and arrays in memory, descriptors kept or reopened (and a file replaced meanwhile),
 // the bounds policies error/skip/pad (int64 extremes included), float32 and float64 output, several
-// threads; merge_runs on its own; the read-ahead stream. Mirrors tests/test_windows.py.
+// threads; merge_runs on its own; the read-ahead stream. Mirrors tests/test_windows_gather.py.
 #include <sys/resource.h>
 
 #include <algorithm>

@@ -1,0 +1,189 @@
+"""Window batches against the numpy oracle: every source dtype and byte order, a Fortran-order factor
+file, both output dtypes, every mode and `from_arrays`, shuffle on and off; merged and unmerged windows; reads
+limited to the rows needed.
+
+The numpy reference and the data sets: windows_data.py."""
+
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import npyfeed
+import numpy as np
+import pytest
+from windows_data import (
+    MODES,
+    OUT_DTYPES,
+    assert_batch,
+    check_epoch,
+    open_source,
+    random_entries,
+    reference,
+    sample_values,
+    write_dataset,
+)
+
+# ----------------------------------------------------------------------------------------------------------
+# The matrix: source dtypes x output dtypes x modes, shuffle on and off
+
+
+SOURCES = ["<f4", "<f8", "<f2", ">f4", ">f8", ">f2", "<i2", ">i2", "|u1", "|i1", "<i4", ">i4", "<i8", "<u2",
+           "<u4", "<u8", "|b1", "F<f4", "F>f8", "F<f2"]  # "F": a Fortran-order factor and label file
+
+
+@pytest.fixture(scope="module")
+def dtype_dataset(tmp_path_factory):
+    """``dtype_dataset(source) -> DataSet``: 5 keys of (40..70, 6) factors and (rows+2, 3) labels, W=8."""
+    cache = {}
+
+    def get(source):
+        if source not in cache:
+            fortran = source.startswith("F")
+            dtype = np.dtype(source.lstrip("F"))
+            rng = np.random.default_rng(zlib.crc32(source.encode()))
+            factors, labels = {}, {}
+            for k in range(5):
+                rows = int(rng.integers(40, 71))
+                factors[f"key{k}"] = sample_values(rng, dtype, (rows, 6))
+                labels[f"key{k}"] = sample_values(rng, dtype, (rows + 2, 3))
+            entries = random_entries(rng, factors, labels, 8)
+            root = tmp_path_factory.mktemp("dtype")
+            cache[source] = write_dataset(root, factors, labels, entries, 8, fortran=fortran)
+        return cache[source]
+
+    return get
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("out", OUT_DTYPES)
+@pytest.mark.parametrize("source", SOURCES)
+def test_batches_equal_numpy_slicing(dtype_dataset, source, out, mode):
+    ds = dtype_dataset(source)
+    if source.startswith("F"):
+        assert npyfeed.read_header(ds.factor_dir / "key0.npy").fortran_order
+        assert npyfeed.read_header(ds.label_dir / "key0.npy").fortran_order
+    src = open_source(ds, mode, dtype=out)
+    n = len(ds.entries)
+    assert len(src) == n
+    assert src.x_shape == (8, 6) and src.y_shape == (3,)
+    assert src.dtype == np.dtype(out)
+    assert src.skipped == 0
+    for shuffle in (False, True):
+        order = src.epoch_order(3, shuffle=shuffle, seed=11)
+        assert np.array_equal(np.sort(order), np.arange(n))
+        assert shuffle != np.array_equal(order, np.arange(n))
+        assert check_epoch(src, ds, out, 7, shuffle=shuffle, seed=11, epoch=3) == -(-n // 7)
+    # Every sample in one gather: the most merging.
+    assert_batch(src.get(np.arange(n)), reference(ds, ds.entries, out))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Merging: wide rows, so that windows far apart are read separately
+
+
+@pytest.fixture(scope="module")
+def wide_dataset(tmp_path_factory):
+    """``wide_dataset(source)``: (1000, 256) and (700, 256) factors, W=20; windows close together, far apart, and
+    64 and 65 rows apart (the edge of the 64 KiB merge gap for float32 rows)."""
+    cache = {}
+
+    def get(source):
+        if source not in cache:
+            rng = np.random.default_rng(zlib.crc32(source.encode()) + 1)
+            dtype = np.dtype(source)
+            factors = {"a": sample_values(rng, dtype, (1000, 256)), "b": sample_values(rng, dtype, (700, 256))}
+            labels = {"a": sample_values(rng, dtype, (1000, 2)), "b": sample_values(rng, dtype, (700, 2))}
+            features_a = [165, 249, 334, 999, 19, 19, 500, 501, 502, 505, 760, 761, 899]
+            features_b = [19, 350, 351, 699, 60, 600]
+            entries = [(f, int(rng.integers(0, 1000)), "a") for f in features_a]
+            entries += [(f, int(rng.integers(0, 700)), "b") for f in features_b]
+            entries = [entries[i] for i in rng.permutation(len(entries))]
+            root = tmp_path_factory.mktemp("wide")
+            cache[source] = write_dataset(root, factors, labels, entries, 20)
+        return cache[source]
+
+    return get
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("out", OUT_DTYPES)
+@pytest.mark.parametrize("source", ["<f4", "<f8", "<f2", ">f4"])
+def test_windows_far_apart_and_close_together(wide_dataset, source, out, mode):
+    ds = wide_dataset(source)
+    src = open_source(ds, mode, dtype=out)
+    n = len(ds.entries)
+    assert_batch(src.get(np.arange(n)), reference(ds, ds.entries, out))  # one gather: merges where close
+    ids = np.array([3, 3, n - 1, 0, 5])
+    assert_batch(src.get(ids), reference(ds, [ds.entries[i] for i in ids], out))
+    check_epoch(src, ds, out, 3, shuffle=True, seed=5)  # small batches: mostly single windows
+
+
+@pytest.fixture(scope="module")
+def long_chain(tmp_path_factory):
+    """One (9000, 512) float32 factor (18 MiB) with a window every 40 rows: a chain of overlapping reads longer
+    than the 16 MiB a merged read may span."""
+    rng = np.random.default_rng(99)
+    factors = {"big": rng.standard_normal((9000, 512), dtype=np.float32)}
+    labels = {"big": rng.standard_normal((9000, 1), dtype=np.float32)}
+    entries = [(f, int(rng.integers(0, 9000)), "big") for f in range(15, 9000, 40)]
+    return write_dataset(tmp_path_factory.mktemp("chain"), factors, labels, entries, 16)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_merge_chain_longer_than_the_span_limit(long_chain, mode):
+    src = open_source(long_chain, mode)
+    n = len(long_chain.entries)
+    assert_batch(src.get(np.arange(n)), reference(long_chain, long_chain.entries, "float32"))
+    ids = np.arange(n)[::-1].copy()
+    assert_batch(src.get(ids), reference(long_chain, [long_chain.entries[i] for i in ids], "float32"))
+
+
+_DIRECT_REFUSED = """
+    from pathlib import Path
+    import numpy as np
+    from windows_data import (assert_batch, check_epoch, open_source, random_entries, reference, sample_values,
+                              write_dataset)
+
+    rng = np.random.default_rng(3)
+    factors = {"a": sample_values(rng, "<f4", (300, 40)), "b": sample_values(rng, "<f8", (200, 40))}
+    labels = {"a": sample_values(rng, "<f4", (300, 2)), "b": sample_values(rng, "<f8", (200, 2))}
+    ds = write_dataset(Path(sys.argv[1]), factors, labels, random_entries(rng, factors, labels, 10), 10)
+    src = open_source(ds, "direct")
+    check_epoch(src, ds, "float32", 4, shuffle=True)
+    assert_batch(src.get(np.arange(len(src))), reference(ds, ds.entries, "float32"))
+    print("fallback ok")
+"""
+
+
+def test_direct_mode_where_o_direct_is_refused(tmp_path):
+    """On a filesystem that refuses O_DIRECT (a ramfs: tmpfs accepts it since Linux 6.6), mode='direct' falls
+    back to plain reads and gives the same batches."""
+    from _sandbox import run_on_ramfs
+
+    mountpoint = tmp_path / "ramfs"
+    mountpoint.mkdir()
+    proc = run_on_ramfs(_DIRECT_REFUSED, mountpoint)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fallback ok" in proc.stdout
+
+
+def _rchar() -> int:
+    with open("/proc/self/io") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
+
+
+@pytest.mark.parametrize("mode", ["read", "direct"])
+def test_read_modes_read_only_the_rows_needed(long_chain, mode):
+    """An 18 MiB factor file and one 32 KiB window: reads (counted by the kernel) stay far below the file size."""
+    if not os.path.exists("/proc/self/io"):
+        pytest.skip("no /proc/self/io")
+    src = open_source(long_chain, mode)
+    before = _rchar()
+    batch = src.get([100])
+    batch2 = src.get([3, 3])
+    read = _rchar() - before
+    assert read < (1 << 20), read
+    assert_batch(batch, reference(long_chain, [long_chain.entries[100]], "float32"))
+    assert_batch(batch2, reference(long_chain, [long_chain.entries[3]] * 2, "float32"))
