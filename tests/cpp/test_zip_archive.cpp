@@ -9,7 +9,9 @@
 #include "check.hpp"
 #include "npy_writer.hpp"
 #include "npyfeed/errors.hpp"
+#include "npyfeed/loader.hpp"
 #include "npyfeed/npz.hpp"
+#include "npyfeed/thread_pool.hpp"
 #include "npyfeed/zip_archive.hpp"
 
 #ifdef NPYFEED_TEST_HAVE_ZLIB
@@ -340,4 +342,37 @@ TEST_CASE("NpzArchive: views for aligned stored members, copies otherwise, keys 
   npyfeed::test::write_file(path, std::string(), zip_of({{"a", a}, {"a.npy", a}}));
   error = CHECK_THROWS(NpyFormatError, NpzArchive::open(path));
   CHECK(error && contains(error->reason(), "both give the key 'a'"));
+}
+
+TEST_CASE("NpzLoad: every member of several archives, in directory order, equal to what was written") {
+  TempDir dir;
+  const Bytes a = npy_bytes(1000, 3), b = npy_bytes(10, 4), c = npy_bytes(4097, 5);
+  std::vector<std::string> paths{dir.file("one.npz"), dir.file("two.npz")};
+  npyfeed::test::write_file(paths[0], std::string(), zip_of({{"a.npy", a}, {"b.npy", b, have_inflate()}}));
+  npyfeed::test::write_file(paths[1], std::string(), zip_of({{"c.npy", c, have_inflate()}}));
+  for (ReadMode mode : {ReadMode::kMmap, ReadMode::kRead}) {
+    LoadOptions options;
+    options.mode = mode;
+    options.threads = 3;
+    NpzLoad load(paths, options);
+    load.start_directories(shared_pool())->wait();
+    load.start_members(shared_pool())->wait();
+    const auto& members = load.results();
+    REQUIRE(members.size() == 3u);
+    const Bytes* written[] = {&a, &b, &c};
+    const std::size_t archive_of[] = {0, 0, 1};
+    for (std::size_t i = 0; i < 3; ++i) {
+      const NpzLoad::Member& m = members[i];
+      CHECK_EQ(m.archive, archive_of[i]);
+      CHECK_EQ(m.array.path, paths[archive_of[i]]);
+      const NpyHeader& h = m.array.header;
+      REQUIRE(h.nbytes + h.data_offset == written[i]->size());
+      CHECK(std::memcmp(m.array.data, written[i]->data() + h.data_offset, h.nbytes) == 0);
+    }
+  }
+  // A missing archive fails the directory phase, naming it.
+  std::vector<std::string> missing{paths[0], dir.file("gone.npz")};
+  NpzLoad broken(missing, LoadOptions{});
+  auto error = CHECK_THROWS(OsError, broken.start_directories(shared_pool())->wait());
+  CHECK(error && error->path() == missing[1]);
 }
