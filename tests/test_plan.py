@@ -190,3 +190,47 @@ def test_a_wrong_type_is_also_a_value_error(src):
         src.plan(1.5)
     with pytest.raises(TypeError, match="batch_size"):
         src.plan(1.5)
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in_order", "shuffled"])
+@pytest.mark.parametrize("num_shards", [1, 2, 4])
+def test_shards_of_whole_keys(src, shuffle, num_shards):
+    """shard_by="keys": each shard a set of whole keys, balanced by sample count, together every sample exactly
+    once per epoch; its epoch its own samples (index order, or a seeded permutation per epoch)."""
+    key_of = {i: src.describe(i).split("key ")[1].split(",")[0] for i in range(len(src))}
+    counts = {}
+    for k in key_of.values():
+        counts[k] = counts.get(k, 0) + 1
+    for epoch in (0, 5):
+        seen, owner, sizes = [], {}, []
+        for shard in range(num_shards):
+            plan = src.plan(4, shuffle=shuffle, seed=4, num_shards=num_shards, shard_index=shard, shard_by="keys")
+            order = plan.order(epoch)
+            ids = np.concatenate([plan.ids(epoch, b) for b in range(len(plan))])
+            np.testing.assert_array_equal(ids, order)
+            expected = list(src.batches(4, shuffle=shuffle, seed=4, epoch=epoch, num_shards=num_shards,
+                                        shard_index=shard, shard_by="keys"))
+            assert len(expected) == len(plan) == src.num_batches(4, num_shards=num_shards, shard_index=shard,
+                                                                 shard_by="keys")
+            for b, want in enumerate(expected):
+                _assert_batch(src.get(plan.ids(epoch, b)), want)
+                _assert_batch(plan.take(epoch, b), want)
+            assert (list(order) == sorted(order)) == (not shuffle or len(order) < 2)
+            for i in order:
+                assert owner.setdefault(key_of[int(i)], shard) == shard  # a key is in one shard only
+            seen += order.tolist()
+            sizes.append(len(order))
+        assert sorted(seen) == list(range(SAMPLES))
+        assert max(sizes) - min(sizes) <= max(counts.values())
+    if shuffle:
+        plan = src.plan(4, shuffle=True, seed=4, num_shards=num_shards, shard_by="keys")
+        assert not np.array_equal(plan.order(0), plan.order(1))  # a new permutation each epoch
+
+
+def test_shard_by_keys_arguments(src):
+    with pytest.raises(ValueError, match="shard_by"):
+        src.plan(4, shard_by="rows")
+    with pytest.raises(TypeError, match="shard_by"):
+        src.plan(4, shard_by=1)
+    with pytest.raises(ValueError, match="blocks"):
+        src.plan(4, shuffle="blocks", shard_by="keys")

@@ -75,15 +75,16 @@ void bind_plans(py::module_& m) {
   py::class_<EpochPlan, std::shared_ptr<EpochPlan>>(m, "Plan")
       .def(py::init([](std::shared_ptr<WindowSource> source, const std::string& shuffle, std::uint64_t seed,
                        std::size_t num_shards, std::size_t shard_index, std::size_t batch_size, bool drop_remainder,
-                       std::uint64_t memory_budget, std::size_t prefetch, std::shared_ptr<SamplesByKey> samples) {
+                       std::uint64_t memory_budget, std::size_t prefetch, std::shared_ptr<SamplesByKey> samples,
+                       const std::string& shard_by) {
              const EpochSpec spec(parse_shuffle(shuffle), seed, num_shards, shard_index, batch_size, drop_remainder,
-                                  memory_budget);
+                                  memory_budget, parse_shard_by(shard_by));
              return without_gil(
                  [&] { return std::make_shared<EpochPlan>(std::move(source), spec, prefetch, std::move(samples)); });
            }),
            py::arg("source"), py::arg("shuffle"), py::arg("seed"), py::arg("num_shards"), py::arg("shard_index"),
            py::arg("batch_size"), py::arg("drop_remainder"), py::arg("memory_budget"), py::arg("prefetch"),
-           py::arg("samples_by_key") = nullptr)
+           py::arg("samples_by_key") = nullptr, py::arg("shard_by") = "samples")
       .def("__len__", &EpochPlan::num_batches)
       .def_property_readonly("shard_size", &EpochPlan::shard_size)
       .def_property_readonly(

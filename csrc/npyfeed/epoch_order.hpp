@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -22,6 +23,10 @@ class EpochOrder {
              std::size_t shard_index);
   /// An explicit order of sample ids (checked by whoever gathers them).
   EpochOrder(std::vector<std::int64_t> ids);  // NOLINT: implicit on purpose, an order is its ids
+  /// The ids of `subset` (a shard's own samples, e.g. whole keys), in its order, or with `shuffle` permuted by
+  /// IndexShuffle(subset size, seed, epoch). Holds no per-sample state of its own (the subset is shared).
+  EpochOrder(std::shared_ptr<const std::vector<std::uint32_t>> subset, bool shuffle, std::uint64_t seed,
+             std::uint64_t epoch);
 
   std::size_t size() const noexcept { return size_; }
   std::int64_t operator[](std::size_t position) const noexcept;
@@ -36,6 +41,7 @@ class EpochOrder {
   std::size_t shard_index_ = 0;
   std::optional<IndexShuffle> shuffle_;
   std::optional<std::vector<std::int64_t>> explicit_;
+  std::shared_ptr<const std::vector<std::uint32_t>> subset_;
 };
 
 /// A seeded permutation of [0, n), whole: EpochOrder(n, true, seed, epoch, 1, 0) materialised.

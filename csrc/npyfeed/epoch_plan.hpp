@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "npyfeed/batch.hpp"
 #include "npyfeed/block_order.hpp"
+#include "npyfeed/epoch_order.hpp"
 #include "npyfeed/stream_at_position.hpp"
 #include "npyfeed/window_source.hpp"
 
@@ -25,6 +27,19 @@ enum class Shuffle { kNone, kGlobal, kBlocks };
 /// Parses "none" / "global" / "blocks". Throws InvalidArgument.
 Shuffle parse_shuffle(const std::string& name);
 
+/// How an epoch is split between shards: every num_shards-th sample of the epoch's order (each shard reads
+/// from every key), or whole keys (each shard reads only its own keys' files: a tenth of the data for one of
+/// ten processes), balanced by sample count.
+enum class ShardBy { kSamples, kKeys };
+
+/// Parses "samples" / "keys". Throws InvalidArgument.
+ShardBy parse_shard_by(const std::string& name);
+
+/// The keys of shard `shard_index` of `num_shards` under ShardBy::kKeys, ascending: keys with samples, largest
+/// first, each to the shard holding the fewest samples so far (the lowest index among equals), so shards differ
+/// by at most the largest key's sample count. The same on every machine.
+std::vector<std::uint32_t> shard_keys(const SamplesByKey& samples, std::size_t num_shards, std::size_t shard_index);
+
 /// Everything that decides the batches of one shard in every epoch.
 struct EpochSpec {
   Shuffle shuffle = Shuffle::kNone;
@@ -34,16 +49,19 @@ struct EpochSpec {
   std::size_t batch_size = 1;
   bool drop_remainder = false;
   std::uint64_t memory_budget = 0;  // bytes of array data held at once (kBlocks only; it decides the order)
+  ShardBy shard_by = ShardBy::kSamples;
 
   /// Throws InvalidArgument for a batch_size of 0, a num_shards of 0, a shard_index outside
-  /// [0, num_shards), and (kBlocks) a memory_budget of 0.
+  /// [0, num_shards), (kBlocks) a memory_budget of 0, and kKeys with kBlocks (blocks already give each shard
+  /// a contiguous run of keys).
   EpochSpec(Shuffle shuffle, std::uint64_t seed, std::size_t num_shards, std::size_t shard_index,
-            std::size_t batch_size, bool drop_remainder, std::uint64_t memory_budget);
-  /// Samples this shard reads per epoch out of `n`: every order gives shard i of N the same count,
-  /// n / N + (i < n % N).
+            std::size_t batch_size, bool drop_remainder, std::uint64_t memory_budget,
+            ShardBy shard_by = ShardBy::kSamples);
+  /// Samples this shard reads per epoch out of `n`, sharded by samples: every order gives shard i of N the
+  /// same count, n / N + (i < n % N). (By keys, it is the shard's keys' samples: EpochPlan::shard_size().)
   std::size_t shard_size(std::size_t n) const noexcept;
-  /// Batches per epoch out of `n` samples (the last one smaller unless drop_remainder).
-  std::size_t num_batches(std::size_t n) const noexcept;
+  /// Batches per epoch for a shard of `samples` samples (the last one smaller unless drop_remainder).
+  std::size_t num_batches(std::size_t samples) const noexcept;
 };
 
 /// The batches of one shard of every epoch of `source` under `spec`. ids() and order() do no IO; take() is
@@ -66,7 +84,7 @@ class EpochPlan {
   /// Batches per epoch, and samples per epoch (this shard's).
   std::size_t num_batches() const noexcept { return num_batches_; }
   std::size_t shard_size() const noexcept { return shard_size_; }
-  /// With shuffle="blocks": the samples grouped by key this plan uses (null otherwise).
+  /// With shuffle="blocks" or shard_by keys: the samples grouped by key this plan uses (null otherwise).
   const std::shared_ptr<const SamplesByKey>& samples_by_key() const noexcept { return samples_; }
 
   /// The sample ids of batch `batch` of epoch `epoch`. Throws IndexOutOfRange unless batch < num_batches().
@@ -83,11 +101,13 @@ class EpochPlan {
   /// Throws IndexOutOfRange unless batch < num_batches(); rethrows a failed read or gather.
   WindowBatch take(std::uint64_t epoch, std::size_t batch, const WaitFor& wait = {});
   /// Streams take() started so far (for tests).
-  std::size_t streams_started() const { return at_position_.streams_started(); }
+  std::size_t streams_started() const { return at_position_->streams_started(); }
   /// Cancels take()'s read-ahead (and waits for it). Idempotent; take() afterwards starts a new stream.
-  void close() { at_position_.close(); }
+  void close() { at_position_->close(); }
 
  private:
+  // The order of epoch `epoch` under shuffle none or global (of this shard's samples).
+  EpochOrder computed_order(std::uint64_t epoch) const;
   std::shared_ptr<const BlockPlan> block_plan(std::uint64_t epoch) const;
   std::shared_ptr<const std::vector<std::int64_t>> block_ids(const std::shared_ptr<const BlockPlan>& plan,
                                                              std::size_t block) const;
@@ -97,8 +117,9 @@ class EpochPlan {
   std::size_t prefetch_;
   std::size_t shard_size_;
   std::size_t num_batches_;
-  std::shared_ptr<const SamplesByKey> samples_;  // kBlocks
-  std::vector<std::uint64_t> key_bytes_;         // kBlocks: block_key_bytes(source)
+  std::shared_ptr<const SamplesByKey> samples_;                      // kBlocks, kKeys
+  std::shared_ptr<const std::vector<std::uint32_t>> shard_samples_;  // kKeys: this shard's sample ids, ascending
+  std::vector<std::uint64_t> key_bytes_;                             // kBlocks: block_key_bytes(source)
   // kBlocks: the last epoch's block plan and the last blocks' shuffled samples, for ids().
   struct BlockOrder {
     std::uint64_t epoch;
@@ -108,7 +129,7 @@ class EpochPlan {
   mutable std::mutex cache_mutex_;
   mutable std::shared_ptr<const BlockPlan> cached_plan_;
   mutable std::vector<BlockOrder> cached_blocks_;
-  StreamAtPosition at_position_;
+  std::optional<StreamAtPosition> at_position_;  // made once the batch count is known
 };
 
 }  // namespace npyfeed

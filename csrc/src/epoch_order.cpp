@@ -20,8 +20,15 @@ EpochOrder::EpochOrder(std::size_t n, bool shuffle, std::uint64_t seed, std::uin
 
 EpochOrder::EpochOrder(std::vector<std::int64_t> ids) : size_(ids.size()), explicit_(std::move(ids)) {}
 
+EpochOrder::EpochOrder(std::shared_ptr<const std::vector<std::uint32_t>> subset, bool shuffle, std::uint64_t seed,
+                       std::uint64_t epoch)
+    : size_(subset->size()), subset_(std::move(subset)) {
+  if (shuffle) shuffle_.emplace(size_, seed, epoch);
+}
+
 std::int64_t EpochOrder::operator[](std::size_t position) const noexcept {
   if (explicit_) return (*explicit_)[position];
+  if (subset_) return (*subset_)[shuffle_ ? (*shuffle_)(position) : position];
   const std::uint64_t at = shard_index_ + static_cast<std::uint64_t>(position) * num_shards_;
   return static_cast<std::int64_t>(shuffle_ ? (*shuffle_)(at) : at);
 }

@@ -38,7 +38,7 @@ class Plan:
     """
 
     def __init__(self, source, core, *, batch_size: int, shuffle, seed: int, num_shards: int, shard_index: int,
-                 drop_remainder: bool, memory_budget: int | None, prefetch: int):
+                 drop_remainder: bool, memory_budget: int | None, prefetch: int, shard_by: str = "samples"):
         self._source = source
         self._core = core
         self.batch_size = batch_size
@@ -49,6 +49,7 @@ class Plan:
         self.drop_remainder = drop_remainder
         self.memory_budget = memory_budget
         self.prefetch = prefetch
+        self.shard_by = shard_by
 
     @property
     def source(self):
@@ -107,7 +108,7 @@ class Plan:
 
     def __repr__(self) -> str:
         return (f"Plan({len(self)} batches of {self.batch_size}, shuffle={self.shuffle!r}, seed={self.seed}, "
-                f"shard {self.shard_index} of {self.num_shards}, drop_remainder={self.drop_remainder})")
+                f"shard {self.shard_index} of {self.num_shards} by {self.shard_by}, drop_remainder={self.drop_remainder})")
 
 
 class BatchIterator(Iterator):

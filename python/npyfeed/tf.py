@@ -57,7 +57,7 @@ log = logging.getLogger("npyfeed")
 
 def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, drop_remainder: bool = False,
             device: str | None = None, input_context=None, prefetch: int = 2, epoch: int = 0,
-            memory_budget: int | None = None) -> tf.data.Dataset:
+            memory_budget: int | None = None, shard_by: str = "samples") -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(x, y)`` batches from `src`; each pass over it is a new epoch.
 
     Parameters
@@ -91,6 +91,9 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     memory_budget : int, optional
         With ``shuffle="blocks"``: bytes of array data held at once (default ``WindowSource.batches``'s). It
         decides the order too: keep it fixed to reproduce (or resume) an epoch.
+    shard_by : {"samples", "keys"}
+        How the shards of `input_context` split an epoch (`WindowSource.plan`): every n-th sample, or whole
+        keys balanced by sample count (each pipeline reads only its own keys' files).
 
     Returns
     -------
@@ -124,7 +127,8 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     # Every argument is checked here, by the plan, where an error is readable (not in TensorFlow's thread at
     # the first batch). One stream, read in order: one call at a time (it gathers `prefetch` batches ahead).
     plan = src.plan(batch_size, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index,
-                    drop_remainder=bool(drop_remainder), memory_budget=memory_budget, prefetch=prefetch)
+                    drop_remainder=bool(drop_remainder), memory_budget=memory_budget, prefetch=prefetch,
+                    shard_by=shard_by)
     batches = plan._core
     # In a graph (tf.compat.v1, tf.estimator, inside a tf.function) the pipeline outlives the Python dataset, and
     # the graph owns the gather: hold it strongly there.

@@ -314,7 +314,7 @@ class WindowSource:
 
     def plan(self, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, num_shards: int = 1,
              shard_index: int = 0, drop_remainder: bool = False, memory_budget: int | None = None,
-             prefetch: int = 2) -> Plan:
+             prefetch: int = 2, shard_by: str = "samples") -> Plan:
         """The batches of every epoch of one shard, by position: the one owner of "batch b of epoch e".
 
         Parameters
@@ -340,6 +340,17 @@ class WindowSource:
             This plan's part of each epoch (e.g. one per worker).
         drop_remainder : bool
             Drop a last, smaller batch.
+        shard_by : {"samples", "keys"}
+            How an epoch is split between shards. ``"samples"`` (the default): as described under `shuffle`.
+            ``"keys"``: each shard is a set of whole keys (with ``shuffle=True`` or ``False``), balanced by sample
+            count (shards differ by at most the largest key's samples): keys are assigned largest first, each to
+            the shard with the fewest samples so far. A shard's epoch is its own samples, in index order or (with
+            ``shuffle=True``) a seeded permutation of them per epoch. Shards are disjoint and together cover every
+            sample exactly once per epoch, and each shard reads only its own keys' files, so each of ten processes
+            reads (and keeps in its page cache) about a tenth of the data. What it means for training: each step's
+            global batch is a sample stratified by shard (unbiased when the shards are balanced by sample count),
+            but per-replica statistics (batch norm, cross-sectional losses over a replica's batch) see only that
+            shard's keys. Not with ``shuffle="blocks"``.
         memory_budget : int, optional
             With ``shuffle="blocks"``: bytes of array data held at once (two blocks: one consumed while the
             next is read; default 2 GiB, a constant, since it decides the order: keep it fixed to reproduce an
@@ -364,6 +375,9 @@ class WindowSource:
             ``[0, num_shards)``, a ``memory_budget`` below 1, ``shuffle`` other than True, False or "blocks").
         """
         kind = shuffle_kind(shuffle)
+        if shard_by not in ("samples", "keys"):
+            raise (ValueError if isinstance(shard_by, str) else _checks.ArgumentTypeError)(
+                f"shard_by must be 'samples' or 'keys', got {shard_by!r}")
         batch_size = _checks.positive(batch_size, "batch_size")
         num_shards = _checks.positive(num_shards, "num_shards")
         shard_index = _checks.integer(shard_index, "shard_index", 0, num_shards)
@@ -375,38 +389,40 @@ class WindowSource:
         else:
             memory_budget = None
         core = _core.Plan(self._core, kind, seed, num_shards, shard_index, batch_size, bool(drop_remainder),
-                          memory_budget or 0, prefetch, self._samples_by_key)
-        if kind == "blocks":
+                          memory_budget or 0, prefetch, self._samples_by_key, shard_by)
+        if core.samples_by_key is not None:
             self._samples_by_key = core.samples_by_key  # grouped once per source, shared by its plans
         return Plan(self, core, batch_size=batch_size, shuffle="blocks" if kind == "blocks" else kind == "global",
                     seed=seed, num_shards=num_shards, shard_index=shard_index, drop_remainder=bool(drop_remainder),
-                    memory_budget=memory_budget, prefetch=prefetch)
+                    memory_budget=memory_budget, prefetch=prefetch, shard_by=shard_by)
 
     def epoch_order(self, epoch: int = 0, *, shuffle: bool | str = False, seed: int = 0, num_shards: int = 1,
-                    shard_index: int = 0, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> np.ndarray:
+                    shard_index: int = 0, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+                    shard_by: str = "samples") -> np.ndarray:
         """Sample ids of one epoch for one shard, in the order `batches` yields them: ``plan(...).order(epoch)``.
 
-        See `plan` for the orders (`shuffle`), shards and `memory_budget`.
+        See `plan` for the orders (`shuffle`), shards (`shard_by`) and `memory_budget`.
         """
         plan = self.plan(1, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index,
-                         memory_budget=memory_budget)
+                         memory_budget=memory_budget, shard_by=shard_by)
         return plan.order(epoch)
 
     def num_batches(self, batch_size: int, *, num_shards: int = 1, shard_index: int = 0,
-                    drop_remainder: bool = False) -> int:
+                    drop_remainder: bool = False, shard_by: str = "samples") -> int:
         """Batches per epoch for one shard (the same for every order): ``len(plan(...))``."""
         return len(self.plan(batch_size, num_shards=num_shards, shard_index=shard_index,
-                             drop_remainder=drop_remainder))
+                             drop_remainder=drop_remainder, shard_by=shard_by))
 
     def batches(self, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, epoch: int = 0,
                 num_shards: int = 1, shard_index: int = 0, drop_remainder: bool = False, prefetch: int = 2,
-                start_batch: int = 0, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> BatchIterator:
+                start_batch: int = 0, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+                shard_by: str = "samples") -> BatchIterator:
         """Iterate over one epoch as ``(x, y)`` numpy batches, gathered ahead in C++:
         ``plan(...).batches(epoch, start_batch=start_batch)``.
 
         Parameters
         ----------
-        batch_size, shuffle, seed, num_shards, shard_index, drop_remainder, memory_budget, prefetch
+        batch_size, shuffle, seed, num_shards, shard_index, drop_remainder, memory_budget, prefetch, shard_by
             See `plan`.
         epoch : int
             The epoch, in ``[0, 2**64)``; with `shuffle`, each epoch has its own order.
@@ -419,7 +435,8 @@ class WindowSource:
             Each batch owns its memory; buffers are reused only after every reference to a batch is gone.
         """
         plan = self.plan(batch_size, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index,
-                         drop_remainder=drop_remainder, memory_budget=memory_budget, prefetch=prefetch)
+                         drop_remainder=drop_remainder, memory_budget=memory_budget, prefetch=prefetch,
+                         shard_by=shard_by)
         return plan.batches(epoch, start_batch=start_batch)
 
 

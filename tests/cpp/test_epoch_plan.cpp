@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "npyfeed/block_stream.hpp"
 #include "npyfeed/epoch_plan.hpp"
 #include "npyfeed/errors.hpp"
 #include "window_files.hpp"
@@ -81,8 +82,8 @@ TEST_CASE("epoch spec: one check of every argument, one batch count") {
         std::size_t every_nth = 0;
         for (std::size_t i = shard; i < n; i += shards) ++every_nth;
         CHECK_EQ(keep.shard_size(n), every_nth);
-        CHECK_EQ(keep.num_batches(n), (every_nth + 3) / 4);
-        CHECK_EQ(drop.num_batches(n), every_nth / 4);
+        CHECK_EQ(keep.num_batches(keep.shard_size(n)), (every_nth + 3) / 4);
+        CHECK_EQ(drop.num_batches(drop.shard_size(n)), every_nth / 4);
         total += every_nth;
       }
       CHECK_EQ(total, n);
@@ -98,7 +99,7 @@ TEST_CASE("epoch plan: ids, take, the stream and order agree for every order kin
     for (Shuffle kind : kKinds) {
       for (auto [shards, shard, drop] : {std::tuple{1, 0, false}, std::tuple{3, 2, true}}) {
         EpochPlan plan(source, spec(kind, shards, shard, 9, drop));
-        CHECK_EQ(plan.num_batches(), plan.spec().num_batches(source->size()));
+        CHECK_EQ(plan.num_batches(), plan.spec().num_batches(plan.spec().shard_size(source->size())));
         for (std::uint64_t epoch : {4, 5}) {
           const auto want = streamed(plan, epoch);
           REQUIRE(plan.num_batches() == want.size());
@@ -178,4 +179,49 @@ TEST_CASE("epoch plan: the plans of one source share its samples grouped by key"
   CHECK(first.samples_by_key() == second.samples_by_key());
   CHECK(!first.samples_by_key()->runs());  // this index interleaves its keys
   CHECK(EpochPlan(source, spec(Shuffle::kGlobal, 1, 0, 4, false)).samples_by_key() == nullptr);
+}
+
+TEST_CASE("epoch plan: shards of whole keys, balanced, together every sample once, ids agree with take") {
+  TempDir dir;
+  auto source = open_source(write_files(dir), ReadMode::kMmap);
+  const auto samples = group_samples_by_key(*source);
+  std::uint64_t largest = 0;
+  for (std::size_t k = 0; k < samples->num_keys(); ++k) largest = std::max<std::uint64_t>(largest, samples->count(k));
+  for (std::size_t shards : {1, 2, 4, 7}) {
+    for (bool shuffle : {false, true}) {
+      std::vector<std::int64_t> seen;
+      std::vector<int> owner(kKeys, -1);
+      std::size_t most = 0, fewest = SIZE_MAX;
+      for (std::size_t shard = 0; shard < shards; ++shard) {
+        const EpochSpec s(shuffle ? Shuffle::kGlobal : Shuffle::kNone, 5, shards, shard, 7, false, 0, ShardBy::kKeys);
+        EpochPlan plan(source, s, 2, samples);
+        most = std::max(most, plan.shard_size());
+        fewest = std::min(fewest, plan.shard_size());
+        const auto want = streamed(plan, 3);
+        REQUIRE(want.size() == plan.num_batches());
+        std::vector<std::int64_t> mine;
+        for (std::size_t b = 0; b < plan.num_batches(); ++b) {
+          const auto ids = plan.ids(3, b);
+          CHECK(gathered(*source, ids) == want[b]);
+          CHECK(floats_of(plan.take(3, b)) == want[b]);
+          mine.insert(mine.end(), ids.begin(), ids.end());
+        }
+        CHECK(mine == plan.order(3));
+        CHECK_EQ(std::is_sorted(mine.begin(), mine.end()), !shuffle || mine.size() < 2);
+        for (std::int64_t id : mine) {
+          const std::uint32_t key = source->sample(static_cast<std::size_t>(id)).key;
+          CHECK(owner[key] == -1 || owner[key] == static_cast<int>(shard));  // a key belongs to one shard
+          owner[key] = static_cast<int>(shard);
+        }
+        seen.insert(seen.end(), mine.begin(), mine.end());
+        CHECK(shard_keys(*samples, shards, shard) == shard_keys(*samples, shards, shard));
+      }
+      std::sort(seen.begin(), seen.end());
+      CHECK_EQ(seen.size(), source->size());
+      CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end());
+      CHECK(most - fewest <= largest);
+    }
+  }
+  CHECK_THROWS(InvalidArgument, EpochSpec(Shuffle::kBlocks, 0, 2, 0, 4, false, 1000, ShardBy::kKeys));
+  CHECK_THROWS(InvalidArgument, parse_shard_by("rows"));
 }
