@@ -6,9 +6,12 @@ computes on this one?
 tensorflow#43905 say that a host-to-device copy overlaps compute only from pinned (page-locked) host memory, and
 npyfeed's batch buffers are ordinary (64-byte-aligned) pages. This measures it, in one run, on one generated data
 set in the users' layout (W=100, B=256, F=256, float32), reading each measurement by ``next(iterator)`` inside a
-``tf.function`` as Keras ``fit`` does. Two feeds, both ending in ``prefetch_to_device``:
+``tf.function`` as Keras ``fit`` does. Three feeds:
 
   npyfeed   ``npyfeed.tf.dataset(src, B, shuffle=True, device=...)``: the gather on the host, then the copy
+            (``prefetch_to_device``)
+  device    ``npyfeed.tf.dataset(src, B, shuffle=True, gather="device", device=...)``: the arrays uploaded once,
+            each step's host part only start rows (4 x B int64), the batch formed on the device by one gather
   ready     a ``numpy_function`` that returns the same ready, aligned batch every time: the copy alone (and
             TensorFlow's own work per element), nothing gathered
 
@@ -129,15 +132,27 @@ def main(argv=None) -> int:
         return ds.prefetch(2).apply(tf.data.experimental.prefetch_to_device(device))
 
     feeds = {"npyfeed": lambda seed: nftf.dataset(src, args.batch, shuffle=True, seed=seed, device=device),
+             "device": lambda seed: nftf.dataset(src, args.batch, shuffle=True, seed=seed, gather="device",
+                                                 device=device),
              "ready": ready_dataset}
+    y_bytes = args.batch * int(np.prod(src.y_shape, dtype=np.int64)) * 4
+    h2d_bytes = {"npyfeed": batch_bytes + y_bytes, "ready": batch_bytes + y_bytes}
+    cpu_per_step: dict = {}  # host CPU seconds per step (this process, every thread), at the best repeat
 
     def feed_seconds(name: str, k: int) -> float:
         best = float("inf")
         for r in range(args.repeats):
-            it = iter(feeds[name](r))
+            ds = feeds[name](r)
+            it = iter(ds)
             fed(it, tf.constant(10), tf.constant(k)).numpy()  # start-up (first gathers, trace) outside the time
-            best = min(best, timed(fed, it, tf.constant(args.steps), tf.constant(k)) / args.steps)
-            del it
+            cpu0 = time.process_time()
+            seconds = timed(fed, it, tf.constant(args.steps), tf.constant(k)) / args.steps
+            if seconds < best:
+                best = seconds
+                cpu_per_step[(name, k)] = (time.process_time() - cpu0) / args.steps
+            if name == "device":
+                h2d_bytes["device"] = ds._npyfeed_device.host_bytes_per_step
+            del it, ds
         return best
 
     def compute_seconds(k: int) -> float:
@@ -182,24 +197,30 @@ def main(argv=None) -> int:
     h2d = h2d_seconds()
     host = numpy_seconds()
 
-    def row(label, seconds, samples=True):
+    def row(label, seconds, samples=True, feed_name=None, matmuls=0):
         rate = f"{args.batch / seconds:,.0f}" if samples else "-"
-        return [label, f"{seconds * 1e3:.2f}", rate, f"{h2d / seconds:.2f}x" if samples else "-"]
+        cpu = cpu_per_step.get((feed_name, matmuls))
+        return [label, f"{seconds * 1e3:.2f}", rate, f"{h2d / seconds:.2f}x" if samples else "-",
+                f"{comp / seconds:.2f}x" if samples else "-", "-" if cpu is None else f"{cpu * 1e3:.2f}",
+                f"{h2d_bytes[feed_name] / 1e3:,.1f}" if feed_name in h2d_bytes else "-"]
 
     rows_out = [
         row("numpy iterator (the host side alone)", host),
         row(f"host -> device copy of one batch ({batch_bytes / 1e6:.1f} MB, unpinned): "
             f"{batch_bytes / h2d / 1e9:.1f} GB/s", h2d),
-        row("feed npyfeed: npyfeed.tf.dataset(device=...)", feed["npyfeed"]),
-        row("feed ready: a ready batch, copied", feed["ready"]),
-        row(f"compute: {k} matmul(s) on a resident batch", comp, samples=False),
-        row("both: npyfeed into that compute", both["npyfeed"]),
-        row("both: ready into that compute", both["ready"]),
+        row("feed npyfeed: npyfeed.tf.dataset(device=...)", feed["npyfeed"], feed_name="npyfeed"),
+        row("feed device: npyfeed.tf.dataset(gather='device')", feed["device"], feed_name="device"),
+        row("feed ready: a ready batch, copied", feed["ready"], feed_name="ready"),
+        row(f"compute: {k} matmul(s) on a resident batch (the limit)", comp, samples=False),
+        row("both: npyfeed into that compute", both["npyfeed"], feed_name="npyfeed", matmuls=k),
+        row("both: device into that compute", both["device"], feed_name="device", matmuls=k),
+        row("both: ready into that compute", both["ready"], feed_name="ready", matmuls=k),
     ]
     print(f"npyfeed {npyfeed.__version__} bench_gpu on {device}: {args.files} files x ({args.rows}, {args.cols}) "
           f"{args.dtype}, W={args.window}, B={args.batch}, {args.steps} steps, best of {args.repeats}, "
           f"threads={threads}, load {common.load_average()}")
-    print(common.format_table(("measurement", "ms/step", "samples/s", "x copy"), rows_out, align="lrrr"))
+    print(common.format_table(("measurement", "ms/step", "samples/s", "x copy", "x compute", "host CPU ms/step",
+                               "host->device kB/step"), rows_out, align="lrrrrrr"))
     for name in feeds:
         print(f"overlap {name:7s} (feed + compute - both) / min(feed, compute) = {overlap[name]:.2f}  (1: feeding "
               "hides behind compute; 0: they take turns)")
@@ -208,7 +229,8 @@ def main(argv=None) -> int:
     if args.json:
         common.write_json(args.json, {
             "bench": "bench_gpu", "config": vars(args), "device": device, "machine": common.machine_info(),
-            "matmuls": k, "batch_bytes": batch_bytes, "overlap": overlap,
+            "matmuls": k, "batch_bytes": batch_bytes, "overlap": overlap, "host_to_device_bytes_per_step": h2d_bytes,
+            "host_cpu_seconds_per_step": {f"{n}_{m}": v for (n, m), v in cpu_per_step.items()},
             "seconds_per_step": {"numpy": host, "h2d": h2d, "compute": comp,
                                  **{f"feed_{n}": v for n, v in feed.items()},
                                  **{f"both_{n}": v for n, v in both.items()}}})

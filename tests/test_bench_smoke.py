@@ -111,5 +111,9 @@ def test_bench_gpu_quick_on_the_cpu(tmp_path):
     result = json.loads(out.read_text())
     assert result["device"] == "/cpu:0" and result["matmuls"] >= 1
     seconds = result["seconds_per_step"]
-    assert set(seconds) == {"numpy", "h2d", "compute", "feed_npyfeed", "feed_ready", "both_npyfeed", "both_ready"}
+    assert set(seconds) == {"numpy", "h2d", "compute", "feed_npyfeed", "feed_ready", "both_npyfeed", "both_ready",
+                            "feed_device", "both_device"}
     assert all(v > 0 for v in seconds.values()), result
+    sent = result["host_to_device_bytes_per_step"]
+    batch = result["config"]["batch"]
+    assert sent["device"] == 4 * 8 * batch < sent["npyfeed"]  # gather="device" sends start rows, not windows

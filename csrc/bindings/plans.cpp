@@ -91,6 +91,12 @@ void bind_plans(py::module_& m) {
           "samples_by_key",
           [](const EpochPlan& p) { return std::const_pointer_cast<SamplesByKey>(p.samples_by_key()); })
       .def_property_readonly("streams_started", &EpochPlan::streams_started)
+      .def_property_readonly(
+          "shard_keys",
+          [](const EpochPlan& p) -> py::object {
+            if (p.spec().shard_by != ShardBy::kKeys) return py::none();
+            return py::cast(shard_keys(*p.samples_by_key(), p.spec().num_shards, p.spec().shard_index));
+          })
       .def("ids",
            [](const EpochPlan& p, std::uint64_t epoch, std::size_t batch) {
              std::vector<std::int64_t> ids = without_gil([&] { return p.ids(epoch, batch); });

@@ -139,6 +139,36 @@ void bind_windows(py::module_& m) {
       .def_property_readonly("x_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.x_shape())); })
       .def_property_readonly("y_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.y_shape())); })
       .def("describe", &WindowSource::describe)
+      // Per key: the shapes of its factor and label arrays.
+      .def("key_shapes",
+           [](const WindowSource& s) {
+             py::list out;
+             for (std::size_t k = 0; k < s.num_keys(); ++k) {
+               out.append(py::make_tuple(py::tuple(py::cast(s.factor_source(k).header().shape)),
+                                         py::tuple(py::cast(s.label_source(k).header().shape))));
+             }
+             return out;
+           })
+      // (key, feature_index, label_index) of each sample id: what a device-side gather needs to form a batch.
+      .def("sample_fields",
+           [](const WindowSource& s, const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& ids) {
+             const std::vector<std::int64_t> wanted = int64_vector(ids);
+             s.check_ids(wanted);
+             py::array_t<std::uint32_t> keys(static_cast<py::ssize_t>(wanted.size()));
+             py::array_t<std::int64_t> features(static_cast<py::ssize_t>(wanted.size()));
+             py::array_t<std::int64_t> labels(static_cast<py::ssize_t>(wanted.size()));
+             auto k = keys.mutable_unchecked<1>();
+             auto f = features.mutable_unchecked<1>();
+             auto l = labels.mutable_unchecked<1>();
+             for (std::size_t i = 0; i < wanted.size(); ++i) {
+               const Sample sample = s.sample(static_cast<std::size_t>(wanted[i]));
+               const auto at = static_cast<py::ssize_t>(i);
+               k(at) = sample.key;
+               f(at) = sample.feature;
+               l(at) = sample.label;
+             }
+             return py::make_tuple(keys, features, labels);
+           })
       .def("get", [](const std::shared_ptr<WindowSource>& s,
                      const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& ids) {
         auto [batch, job] = s->start_batch(shared_pool(0, s->options().placement), int64_vector(ids));

@@ -57,7 +57,8 @@ log = logging.getLogger("npyfeed")
 
 def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, drop_remainder: bool = False,
             device: str | None = None, input_context=None, prefetch: int = 2, epoch: int = 0,
-            memory_budget: int | None = None, shard_by: str = "samples") -> tf.data.Dataset:
+            memory_budget: int | None = None, shard_by: str = "samples", gather: str = "host",
+            device_memory_budget: int | None = None, storage_dtype=None) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(x, y)`` batches from `src`; each pass over it is a new epoch.
 
     Parameters
@@ -94,6 +95,25 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     shard_by : {"samples", "keys"}
         How the shards of `input_context` split an epoch (`WindowSource.plan`): every n-th sample, or whole
         keys balanced by sample count (each pipeline reads only its own keys' files).
+    gather : {"host", "device"}
+        ``"host"`` (the default): npyfeed's C++ gather forms each batch in host memory, and `device` (if given)
+        receives it by ``prefetch_to_device``. ``"device"``: the factor and label arrays this pipeline reads (its
+        shard's keys with ``shard_by="keys"``, else all) are uploaded once to `device` (default: the first GPU
+        TensorFlow sees, else ``/cpu:0``); each step sends only the batch's start rows from the host (four
+        integers per sample, from the plan's ids) and forms ``(B, W, F...)`` and ``(B, L...)`` there with one
+        gather each, so windows never cross PCIe. Same batches, orders, shards, epochs and checkpoints as
+        ``"host"``; ``bounds="pad"`` reads zero rows. Several replicas in one process (``MirroredStrategy`` over
+        several GPUs) are refused: run one process per GPU, or ``MultiWorkerMirroredStrategy`` with one GPU per
+        worker. Memory: the arrays in `storage_dtype` on the device (and, while uploading, twice that for a
+        moment and 256 MB of host memory).
+    device_memory_budget : int, optional
+        With ``gather="device"``: the most bytes the upload may take; over it, ``ValueError`` naming the bytes
+        needed and suggesting ``shard_by="keys"`` or a smaller `storage_dtype`. Default: 80% of the device's
+        free memory (the CUDA runtime's count), or of the memory available on the CPU device.
+    storage_dtype : {"float16", "bfloat16", "float32", "float64"}, optional
+        With ``gather="device"``: the type the arrays are held in on the device (default ``src.dtype``); half
+        the memory with float16/bfloat16, batches still come in ``src.dtype`` (each value rounded to
+        `storage_dtype` once, as numpy's ``astype`` does).
 
     Returns
     -------
@@ -113,8 +133,19 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     ValueError
         Bad arguments (also a global batch size that the replicas do not divide).
     """
+    if gather not in ("host", "device"):
+        raise (ValueError if isinstance(gather, str) else _checks.ArgumentTypeError)(
+            f"gather must be 'host' or 'device', got {gather!r}")
+    if gather == "host" and (device_memory_budget is not None or storage_dtype is not None):
+        raise ValueError("device_memory_budget= and storage_dtype= apply to gather='device' only")
     num_shards, shard_index = 1, 0
     if input_context is not None:
+        if gather == "device" and input_context.num_replicas_in_sync > input_context.num_input_pipelines:
+            raise ValueError(
+                f"gather='device' forms batches on one device per pipeline, and this strategy has "
+                f"{input_context.num_replicas_in_sync} replicas over {input_context.num_input_pipelines} input "
+                f"pipeline(s): run one process per GPU (each with its own dataset), or MultiWorkerMirroredStrategy "
+                f"with one GPU per worker, or use gather='host'")
         if device is not None:
             raise ValueError("device= and input_context= exclude each other: under tf.distribute the strategy "
                              "copies the batches to its replicas")
@@ -132,8 +163,21 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     batches = plan._core
     # In a graph (tf.compat.v1, tf.estimator, inside a tf.function) the pipeline outlives the Python dataset, and
     # the graph owns the gather: hold it strongly there.
-    gather = _Gather(batches, weak=tf.executing_eagerly())
+    weak = tf.executing_eagerly()
+    on_device = None
+    if gather == "device":
+        from ._device import STORAGE_DTYPES, DeviceGather
+
+        if storage_dtype is not None and str(storage_dtype) not in STORAGE_DTYPES:
+            raise ValueError(f"storage_dtype must be one of {STORAGE_DTYPES}, got {storage_dtype!r}")
+        if device_memory_budget is not None:
+            device_memory_budget = _checks.positive(device_memory_budget, "device_memory_budget")
+        target = device if device is not None else _default_device()
+        _check_device(target)
+        on_device = DeviceGather(src, plan, target, storage_dtype, device_memory_budget)
+    gather = _Gather(batches, weak=weak)
     steps = gather.num_batches
+    rows = _Rows(on_device, weak=weak) if on_device is not None else None
 
     dtype = tf.as_dtype(np.dtype(src.dtype))
     batch_dim = int(batch_size) if drop_remainder else None
@@ -153,16 +197,31 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         x, y = tf.numpy_function(gather, [e, b], (dtype, dtype), stateful=False, name="npyfeed_gather")
         return tf.ensure_shape(x, x_shape), tf.ensure_shape(y, y_shape)
 
+    def start_rows(e, b):
+        # gather="device": the host's part of a step, four int64 vectors of B (no window crosses to the device).
+        return tf.numpy_function(rows, [e, b], (tf.int64,) * 4, stateful=False, name="npyfeed_rows")
+
+    def form(start, lo, hi, y_row):
+        x, y = on_device.form(start, lo, hi, y_row)
+        return tf.ensure_shape(x, x_shape), tf.ensure_shape(y, y_shape)
+
     def finish(positions, cardinality):
-        ds = positions.map(load, num_parallel_calls=1, deterministic=True)
+        ds = positions.map(load if on_device is None else start_rows, num_parallel_calls=1, deterministic=True)
         ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
-        ds = ds.prefetch(tf.data.AUTOTUNE)
         options = tf.data.Options()
         options.experimental_symbolic_checkpoint = True  # checkpoints hold positions, not prefetched batches
-        ds = ds.with_options(options)
-        if device is not None:
-            ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
-        return ds
+        if on_device is None:
+            ds = ds.prefetch(tf.data.AUTOTUNE).with_options(options)
+            if device is not None:
+                ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
+            return ds
+        ds = ds.prefetch(tf.data.AUTOTUNE).with_options(options)
+        if _is_cpu(target):
+            return ds.map(form, num_parallel_calls=1, deterministic=True).prefetch(2)
+        # The start rows go to the device; the batch is formed there, by a map that runs on the device.
+        ds = ds.apply(tf.data.experimental.copy_to_device(target))
+        with tf.device(target):
+            return ds.map(form, num_parallel_calls=1, deterministic=True).prefetch(2)
 
     def repeat(count):
         count = -1 if count is None else int(count)
@@ -172,15 +231,53 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
             epochs, cardinality = tf.data.Dataset.range(epoch, epoch + count), count * steps
         ds = finish(epochs.flat_map(one_epoch), cardinality)
         ds._npyfeed_batches = batches  # see _Gather
+        ds._npyfeed_device = on_device
         return ds
 
     with _state:
         _state.touch()  # from now on the exit hook waits for TensorFlow's threads to go quiet
     ds = finish(tf.data.Dataset.range(1).map(start_pass).flat_map(one_epoch), steps)
-    if device is not None:
+    if device is not None or (on_device is not None and not _is_cpu(target)):
         ds._npyfeed_batches = batches
+        ds._npyfeed_device = on_device
         return ds
-    return _Dataset(ds, repeat, batches)
+    ds = _Dataset(ds, repeat, batches)
+    ds._npyfeed_device = on_device  # gather="device": its arrays on the device (for tests: what each step sends)
+    return ds
+
+
+def _default_device() -> str:
+    """The first GPU TensorFlow sees, else the CPU."""
+    gpus = tf.config.list_logical_devices("GPU")
+    return gpus[0].name if gpus else "/cpu:0"
+
+
+def _is_cpu(device: str) -> bool:
+    return (tf.DeviceSpec.from_string(device).device_type or "CPU").upper() == "CPU"
+
+
+def _check_device(device: str) -> None:
+    """A device TensorFlow has: an unknown one is refused here, at construction."""
+    spec = tf.DeviceSpec.from_string(device)
+    kind = (spec.device_type or "CPU").upper()
+    known = tf.config.list_logical_devices(kind)
+    index = spec.device_index or 0
+    if index >= len(known):
+        raise ValueError(f"device {device!r}: TensorFlow sees {len(known)} {kind} device(s) "
+                         f"({', '.join(d.name for d in known) or 'none'})")
+
+
+class _Rows:
+    """gather="device": the host half of a step (`DeviceGather.rows`), held weakly in eager mode like `_Gather`."""
+
+    def __init__(self, on_device, weak: bool):
+        self._device = weakref.ref(on_device) if weak else (lambda: on_device)
+
+    def __call__(self, epoch, batch):
+        on_device = self._device()
+        if on_device is None:
+            raise RuntimeError("npyfeed.tf: the dataset was garbage-collected while its pipeline still ran")
+        return on_device.rows(epoch, batch)
 
 
 class _Passes:

@@ -16,7 +16,7 @@ import numpy as np
 from . import _checks, _core
 from ._resources import MAX_HEADER_SIZE, available_memory, default_npz_memory_limit, resolve_placement, resolve_threads
 from ._resources import cache_dir as _default_cache_dir
-from .loading import _fspath, _native, _resolve_mode
+from .loading import _fspath, _native, _resolve_mode, load_many
 from .plan import DEFAULT_MEMORY_BUDGET, BatchIterator, Plan, shuffle_kind
 
 log = logging.getLogger("npyfeed")
@@ -150,8 +150,9 @@ class WindowSource:
         core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, _dtype_name(out_dtype), bounds, core_mode,
                                        nthreads, max_header_size, **placement, npz_member=member or "",
                                        npz_memory_limit=npz_memory_limit or default_npz_memory_limit())
-        self._init(core, index, window, out_dtype, core_mode, nthreads)
+        self._init(core, index, window, out_dtype, core_mode, nthreads, bounds)
         self._index_cache, self._index_built = index_cache, built
+        self._member = member
         # The files read: `<k>.npz` where the source fell back to it (one stat each, after a successful open).
         self._files = tuple(p if os.path.exists(p) else p[:-4] + ".npz" for p in factor_paths + label_paths)
         self._warn_direct_fallback()
@@ -193,11 +194,12 @@ class WindowSource:
         core = _core.window_source_from_arrays(core_index, factor_arrays, label_arrays, window,
                                                _dtype_name(out_dtype), bounds, nthreads, **placement)
         self = cls.__new__(cls)
-        self._init(core, core_index, window, out_dtype, "memory", nthreads)
+        self._init(core, core_index, window, out_dtype, "memory", nthreads, bounds)
+        self._arrays = (factor_arrays, label_arrays)  # already kept alive by the core: no copy
         self._index_cache, self._index_built = index_cache, built
         return self
 
-    def _init(self, core, index, window, dtype, mode, threads):
+    def _init(self, core, index, window, dtype, mode, threads, bounds):
         self._core = core
         self._index = index
         self._files = ()
@@ -206,6 +208,9 @@ class WindowSource:
         self._warned_fallbacks = 0
         self._warned_memory = False
         self._samples_by_key = None  # shuffle="blocks": the samples grouped by key, made by the first such plan
+        self._arrays = None  # from_arrays: (factor arrays, label arrays) in key order
+        self._member = None
+        self.bounds = bounds
         self.window = window
         self.dtype = dtype
         self.mode = mode
@@ -231,6 +236,24 @@ class WindowSource:
         own mapping (the usual case)."""
         limit = self._core.mapping_limit if self.mode == "mmap" else 0
         return limit or None
+
+    def _key_shapes(self, keys) -> tuple:
+        """([factor shape], [label shape]) of `keys` (key numbers, in `keys` order)."""
+        shapes = self._core.key_shapes()
+        return [shapes[k][0] for k in keys], [shapes[k][1] for k in keys]
+
+    def _key_arrays(self, keys, label: bool) -> list:
+        """The whole factor (or label) arrays of `keys`, as np.load gives them (for the device gather's upload)."""
+        if self._arrays is not None:
+            return [self._arrays[1 if label else 0][k] for k in keys]
+        paths = [self._files[k + (len(self._index.keys) if label else 0)] for k in keys]
+        npy = [p for p in paths if not p.endswith(".npz")]
+        loaded = dict(zip(npy, load_many(npy, mode="read", threads=self.threads))) if npy else {}
+        for p in paths:
+            if p.endswith(".npz"):
+                with np.load(p, allow_pickle=False) as archive:
+                    loaded[p] = archive[self._member] if self._member else archive[archive.files[0]]
+        return [loaded[p] for p in paths]
 
     def _warn_direct_fallback(self) -> None:
         if self.mode != "direct":
