@@ -27,6 +27,8 @@
 namespace py = pybind11;
 using namespace npyfeed;
 
+void bind_tf_feed(py::module_& m);  // tf_feed.cpp
+
 namespace {
 
 // Text that may hold file names: decoded as Python decodes paths (surrogateescape), so a name that is not
@@ -691,8 +693,13 @@ PYBIND11_MODULE(_core, m) {
              wait_interruptibly(job);
              return wrap_window_batch(batches.source(), b);
            })
-      .def("take", [](EpochBatches& batches, std::uint64_t epoch, std::size_t batch) {
-        return wrap_window_batch(batches.source(), without_gil([&] { return batches.take(epoch, batch); }));
+      .def("take",
+           [](EpochBatches& batches, std::uint64_t epoch, std::size_t batch) {
+             return wrap_window_batch(batches.source(), without_gil([&] { return batches.take(epoch, batch); }));
+           })
+      .def("ids", [](EpochBatches& batches, std::uint64_t epoch, std::size_t batch) {
+        std::vector<std::int64_t> ids = batches.ids(epoch, batch);
+        return py::array_t<std::int64_t>(ids.size(), ids.data());
       });
 
   // The same for shuffle="blocks": one stream positioned at the next batch; any other position starts a new one.
@@ -750,4 +757,6 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("n"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("num_shards"),
       py::arg("shard_index"));
+
+  bind_tf_feed(m);
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "npyfeed/aligned_buffer.hpp"
 #include "npyfeed/batch_stream.hpp"
@@ -33,6 +34,9 @@ class EpochBatches {
   const WindowSource& source() const noexcept { return *source_; }
   /// Batches per epoch.
   std::size_t num_batches() const noexcept { return num_batches_; }
+  /// The sample ids of batch `batch` of epoch `epoch`, in batch order. Throws IndexOutOfRange unless
+  /// batch < num_batches().
+  std::vector<std::int64_t> ids(std::uint64_t epoch, std::size_t batch) const;
   /// Starts gathering batch `batch` of epoch `epoch`; the batch is complete once the job finished.
   /// Throws IndexOutOfRange unless batch < num_batches().
   std::pair<WindowBatch, std::shared_ptr<Job>> start(std::uint64_t epoch, std::size_t batch);

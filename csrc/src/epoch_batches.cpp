@@ -27,15 +27,18 @@ EpochBatches::EpochBatches(std::shared_ptr<WindowSource> source, bool shuffle, s
   stream_ = std::make_unique<StreamAtPosition<BatchStream>>(num_batches_);
 }
 
-std::pair<WindowBatch, std::shared_ptr<Job>> EpochBatches::start(std::uint64_t epoch, std::size_t batch) {
+std::vector<std::int64_t> EpochBatches::ids(std::uint64_t epoch, std::size_t batch) const {
   if (batch >= num_batches_) {
     throw IndexOutOfRange("batch " + std::to_string(batch) + " out of range for " + std::to_string(num_batches_) +
                           " batches per epoch");
   }
   // O(1) to set up: the order is evaluated only at this batch's positions.
   const EpochOrder order(source_->size(), shuffle_, seed_, shuffle_ ? epoch : 0, num_shards_, shard_index_);
-  std::vector<std::int64_t> ids = order.slice(batch * batch_size_, batch_size_);
-  return source_->start_batch(shared_pool(0, source_->options().placement), std::move(ids), buffers_.get());
+  return order.slice(batch * batch_size_, batch_size_);
+}
+
+std::pair<WindowBatch, std::shared_ptr<Job>> EpochBatches::start(std::uint64_t epoch, std::size_t batch) {
+  return source_->start_batch(shared_pool(0, source_->options().placement), ids(epoch, batch), buffers_.get());
 }
 
 EpochBatches::~EpochBatches() { close(); }
