@@ -143,7 +143,12 @@ int with_feed(std::int64_t id, const Body& body) noexcept {
   }
 }
 
-void* own(std::shared_ptr<const void> p) { return new std::shared_ptr<const void>(std::move(p)); }
+std::atomic<std::int64_t> g_owners{0};  // owners handed out by take() and ids() and not yet released
+
+void* own(std::shared_ptr<const void> p) {
+  g_owners.fetch_add(1, std::memory_order_relaxed);
+  return new std::shared_ptr<const void>(std::move(p));
+}
 
 int fill_dims(const WindowSource& source, bool label, std::size_t count, int32_t* rank, int64_t* dims) {
   const std::vector<std::int64_t> shape = label ? source.y_shape() : source.x_shape();
@@ -173,8 +178,7 @@ extern "C" int abi_take(int64_t id, uint64_t epoch, uint64_t batch, NpyfeedTfBat
   });
 }
 
-extern "C" int abi_ids(int64_t id, uint64_t epoch, uint64_t batch, const int64_t** data, size_t* count,
-                       void** owner) {
+extern "C" int abi_ids(int64_t id, uint64_t epoch, uint64_t batch, const int64_t** data, size_t* count, void** owner) {
   return with_feed(id, [&](Feed& feed) {
     auto ids = std::make_shared<const std::vector<std::int64_t>>(feed.ids(epoch, batch));
     *data = ids->data();
@@ -198,13 +202,22 @@ extern "C" int abi_seen_epoch(int64_t id, int64_t epoch) {
   });
 }
 
-extern "C" void abi_release(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
+extern "C" void abi_release(void* owner) {
+  delete static_cast<std::shared_ptr<const void>*>(owner);
+  g_owners.fetch_sub(1, std::memory_order_relaxed);
+}
 
 extern "C" const char* abi_last_error() { return t_error.c_str(); }
 
 const NpyfeedTfFeedApi kApi = {
-    NPYFEED_TF_FEED_ABI_VERSION, sizeof(NpyfeedTfFeedApi), abi_take, abi_ids, abi_next_epoch, abi_seen_epoch,
-    abi_release,                 abi_last_error,
+    NPYFEED_TF_FEED_ABI_VERSION,
+    sizeof(NpyfeedTfFeedApi),
+    abi_take,
+    abi_ids,
+    abi_next_epoch,
+    abi_seen_epoch,
+    abi_release,
+    abi_last_error,
 };
 
 /// Python's handle on a registered feed: unregisters it when it dies (or at close()).
@@ -254,6 +267,10 @@ void bind_tf_feed(py::module_& m) {
       .def_property_readonly("id", &TfFeed::id)
       .def("close", &TfFeed::close);
   m.attr("TF_FEED_ABI_VERSION") = NPYFEED_TF_FEED_ABI_VERSION;
-  m.def("tf_feed_api", [] { return reinterpret_cast<std::uintptr_t>(&kApi); },
-        "Address of the NpyfeedTfFeedApi table (npyfeed/tf_feed_abi.h) for npyfeed.tf's op library.");
+  m.def(
+      "tf_feed_owners", [] { return g_owners.load(); },
+      "Buffers (and id lists) the op library holds from take() and ids() and has not released (for tests).");
+  m.def(
+      "tf_feed_api", [] { return reinterpret_cast<std::uintptr_t>(&kApi); },
+      "Address of the NpyfeedTfFeedApi table (npyfeed/tf_feed_abi.h) for npyfeed.tf's op library.");
 }

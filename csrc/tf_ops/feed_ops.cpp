@@ -197,14 +197,34 @@ void delete_take(void* k) { delete static_cast<TakeKernel*>(k); }
 // Not stateful: a checkpoint of the pipeline (symbolic, positions only) must not refuse the ops as external
 // state. Every op has an input that comes from the dataset, so none can be folded into a constant.
 const OpSpec kOps[] = {
-    {"NpyfeedTake", {"feed: int64", "epoch: int64", "batch: int64"}, {"x: T", "y: T"}, "T: {float, double}",
-     create_take, compute_take, delete_take},
-    {"NpyfeedIds", {"feed: int64", "epoch: int64", "batch: int64"}, {"ids: int64", nullptr}, nullptr, create_plain,
-     compute_ids, delete_plain},
-    {"NpyfeedNextEpoch", {"feed: int64", "pass: int64", nullptr}, {"epoch: int64", nullptr}, nullptr, create_plain,
-     compute_next_epoch, delete_plain},
-    {"NpyfeedSeenEpoch", {"feed: int64", "epoch: int64", nullptr}, {"out: int64", nullptr}, nullptr, create_plain,
-     compute_seen_epoch, delete_plain},
+    {"NpyfeedTake",
+     {"feed: int64", "epoch: int64", "batch: int64"},
+     {"x: T", "y: T"},
+     "T: {float, double}",
+     create_take,
+     compute_take,
+     delete_take},
+    {"NpyfeedIds",
+     {"feed: int64", "epoch: int64", "batch: int64"},
+     {"ids: int64", nullptr},
+     nullptr,
+     create_plain,
+     compute_ids,
+     delete_plain},
+    {"NpyfeedNextEpoch",
+     {"feed: int64", "pass: int64", nullptr},
+     {"epoch: int64", nullptr},
+     nullptr,
+     create_plain,
+     compute_next_epoch,
+     delete_plain},
+    {"NpyfeedSeenEpoch",
+     {"feed: int64", "epoch: int64", nullptr},
+     {"out: int64", nullptr},
+     nullptr,
+     create_plain,
+     compute_seen_epoch,
+     delete_plain},
 };
 
 // Failures here cannot be raised: they leave the op unregistered, and using it says so.
@@ -234,7 +254,8 @@ const OpSpec kOps[] = {
 /// size is not this library's (a _core from another build). Called once; later calls must pass the same table.
 extern "C" __attribute__((visibility("default"))) int npyfeed_tf_ops_init(const void* table) {
   const auto* api = static_cast<const NpyfeedTfFeedApi*>(table);
-  if (api == nullptr || api->abi_version != NPYFEED_TF_FEED_ABI_VERSION || api->struct_size < sizeof(NpyfeedTfFeedApi)) {
+  if (api == nullptr || api->abi_version != NPYFEED_TF_FEED_ABI_VERSION ||
+      api->struct_size < sizeof(NpyfeedTfFeedApi)) {
     return -1;
   }
   g_api.store(api, std::memory_order_release);
