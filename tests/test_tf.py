@@ -17,6 +17,8 @@ from __future__ import annotations
 import gc
 import importlib.util
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -370,6 +372,24 @@ def test_native_stale_feed_is_a_clear_error(tf, src, native_ops):
     del feed  # the dataset is gone; a graph may still hold the id
     with pytest.raises(tf.errors.FailedPreconditionError, match="gone"):
         native_ops.npyfeed_take(stale, 0, 0, T=tf.float32)
+
+
+def test_the_op_library_needs_only_tensorflow_framework_and_the_c_runtime():
+    # One binary for every TensorFlow from 2.15 on: it links libtensorflow_framework.so.2 (whose stable C API it
+    # uses) and the C/C++ runtime only, holds no copy of npyfeed's core, and exports its init function alone.
+    path = os.path.join(os.path.dirname(npyfeed.__file__), "_tf_ops.so")
+    readelf, nm = shutil.which("readelf"), shutil.which("nm")
+    if not os.path.exists(path) or readelf is None or nm is None:
+        pytest.skip("no op library, or no readelf/nm")
+    dynamic = subprocess.run([readelf, "-d", path], capture_output=True, text=True, check=True).stdout
+    needed = set(re.findall(r"\(NEEDED\).*\[(.+)\]", dynamic))
+    assert "libtensorflow_framework.so.2" in needed
+    assert needed <= {"libtensorflow_framework.so.2", "libstdc++.so.6", "libgcc_s.so.1", "libc.so.6", "libm.so.6",
+                      "libpthread.so.0"}, needed
+    defined = subprocess.run([nm, "-D", "--defined-only", path], capture_output=True, text=True, check=True).stdout
+    assert [line.split()[-1] for line in defined.splitlines() if " T " in line] == ["npyfeed_tf_ops_init"]
+    undefined = subprocess.run([nm, "-D", "--undefined-only", path], capture_output=True, text=True, check=True).stdout
+    assert not re.search(r"npyfeed|TF_\w*Experimental|_ZN10tensorflow", undefined), undefined
 
 
 def test_a_dataset_made_and_read_inside_a_tf_function(tf, src, data):
