@@ -62,14 +62,19 @@ int with_feed(std::int64_t id, const Body& body) noexcept {
     }
     if (feed->closed()) return closed_error();
     return body(*feed);
-  } catch (const OsError& e) {
-    return fail(e.error_number() == ENOENT ? kNotFound : kUnknown, e.what());
+  } catch (const OsError& e) {  // messages start with the Python type the numpy path would raise
+    return e.error_number() == ENOENT ? fail(kNotFound, std::string("FileNotFoundError: ") + e.what())
+                                      : fail(kUnknown, std::string("OSError: ") + e.what());
   } catch (const Cancelled&) {
     return fail(kCancelled, "npyfeed.tf: the gather was cancelled");
   } catch (const IdsNotSupported& e) {
     return fail(kUnimplemented, e.what());
-  } catch (const Error& e) {  // NpyFormatError, InvalidArgument, IndexOutOfRange: the data or the position
-    return fail(kInvalidArgument, e.what());
+  } catch (const NpyFormatError& e) {
+    return fail(kInvalidArgument, std::string("NpyFormatError: ") + e.what());
+  } catch (const IndexOutOfRange& e) {
+    return fail(kInvalidArgument, std::string("IndexError: ") + e.what());
+  } catch (const Error& e) {  // InvalidArgument: data that does not fit together
+    return fail(kInvalidArgument, std::string("ValueError: ") + e.what());
   } catch (const std::bad_alloc&) {
     return fail(kResourceExhausted, "npyfeed.tf: out of memory");
   } catch (const std::exception& e) {
