@@ -39,7 +39,8 @@ class BlockBatches {
   WindowBatch take(std::uint64_t epoch, std::size_t batch);
   /// Streams started so far (the first, and one per position that was not the next one; for tests).
   std::size_t streams_started() const { return stream_->streams_started(); }
-  /// Closes the stream (cancels its reads). take() afterwards starts a new one.
+  /// Closes the stream (cancels its reads); a take() waiting meanwhile throws Cancelled. take() afterwards
+  /// starts a new one.
   void close() { stream_->close(); }
 
  private:

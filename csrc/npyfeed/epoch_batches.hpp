@@ -47,7 +47,8 @@ class EpochBatches {
   WindowBatch take(std::uint64_t epoch, std::size_t batch);
   /// Streams take() started so far (for tests).
   std::size_t streams_started() const { return stream_->streams_started(); }
-  /// Cancels take()'s read-ahead (and waits for it). Idempotent; take() afterwards starts a new stream.
+  /// Cancels take()'s read-ahead (and waits for it); a take() waiting meanwhile throws Cancelled. Idempotent;
+  /// take() afterwards starts a new stream.
   void close() { stream_->close(); }
 
  private:

@@ -36,22 +36,27 @@ class TfFeed {
   /// Throws IdsNotSupported where the plan has none.
   virtual std::vector<std::int64_t> ids(std::uint64_t epoch, std::size_t batch) = 0;
   virtual const WindowSource& source() const = 0;
+  /// Cuts a take() in flight short (it throws Cancelled); later ones work again.
+  virtual void close_plan() = 0;
 
   /// The epoch of the next pass (each call a new one, from `first_epoch` on).
   std::int64_t next_epoch() { return next_epoch_.fetch_add(1); }
   /// A pass of epoch `epoch` was seen (a restored iterator): the next pass comes after it.
   void seen_epoch(std::int64_t epoch);
   void set_first_epoch(std::int64_t epoch) { next_epoch_.store(epoch); }
-  /// After close(), calls fail with CANCELLED (those in flight once their gather returns).
+  /// After close(), calls fail with CANCELLED; one waiting for its batch stops waiting (the plan's close()).
   bool closed() const { return closed_.load(); }
-  void close() { closed_.store(true); }
+  void close() {
+    closed_.store(true);
+    close_plan();
+  }
 
  private:
   std::atomic<std::int64_t> next_epoch_{0};
   std::atomic<bool> closed_{false};
 };
 
-/// Any plan with take(epoch, batch) -> WindowBatch and source(); ids(epoch, batch) where it has them.
+/// Any plan with take(epoch, batch) -> WindowBatch, source() and close(); ids(epoch, batch) where it has them.
 /// The one place to name the plan type (EpochBatches, BlockBatches, or one Plan for both).
 template <class Plan>
 class TfFeedOf final : public TfFeed {
@@ -66,6 +71,7 @@ class TfFeedOf final : public TfFeed {
     }
   }
   const WindowSource& source() const override { return plan_->source(); }
+  void close_plan() override { plan_->close(); }
 
  private:
   std::shared_ptr<Plan> plan_;

@@ -27,7 +27,8 @@ Two ways to hand a batch to TensorFlow:
   nor an exit hook. **Lifetime:** a graph holds only the feed's id (an int64); the feed stays registered in
   ``_core`` while the dataset lives (an iterator holds its dataset; a dataset made inside a ``tf.function`` or a
   ``tf.compat.v1`` graph is held by that graph). A call with an id whose dataset is gone fails with
-  ``FailedPreconditionError``, never touches freed memory, and a call in flight holds its feed until it returns.
+  ``FailedPreconditionError``, never touches freed memory; a call in flight holds its feed until it returns,
+  and one still waiting for its gather when the dataset goes stops waiting (``CancelledError``, within 50 ms).
 * **The fallback**, ``tf.numpy_function`` (one Python call per batch, GIL released inside): used when
   ``NPYFEED_TF_OPS=0`` or when the op library does not load (one warning says why). TensorFlow adopts a 64-byte
   aligned numpy array without copying it. A ``numpy_function`` call in flight when the interpreter starts

@@ -2,7 +2,9 @@
 // the plan's, every owner handed out comes back, errors are TF_Codes with npyfeed's message, and threads taking
 // batches while the feed is unregistered under them get a batch or a clean error (run under the sanitizers).
 // Mirrors the native-path tests of tests/test_tf.py.
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -17,6 +19,7 @@
 #include "npyfeed/epoch_order.hpp"
 #include "npyfeed/index.hpp"
 #include "npyfeed/tf_feed.hpp"
+#include "npyfeed/thread_pool.hpp"
 #include "npyfeed/window_source.hpp"
 
 using namespace npyfeed;
@@ -162,4 +165,41 @@ TEST_CASE("tf feed: threads taking while the feed is unregistered get a batch or
   CHECK(taken.load() >= 20);
   CHECK_EQ(refused.load(), 4);  // every thread saw the feed go
   CHECK_EQ(tf_feed_owners(), owners);
+}
+
+TEST_CASE("tf feed: closing the feed cuts a take waiting for its gather short") {
+  TempDir dir;
+  auto source = open_source(dir);
+  ThreadPool& pool = shared_pool();
+  // Hold every worker of the gather's pool, so that the take below waits for a gather that cannot run yet.
+  std::atomic<bool> release{false};
+  std::atomic<std::size_t> holding{0};
+  const std::size_t workers = std::max<std::size_t>(pool.size(), 2);
+  auto blocker = pool.start(workers, workers, [&](std::size_t) {
+    ++holding;
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  while (holding.load() < workers) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto plan = std::make_shared<EpochBatches>(source, true, 7, 1, 0, 8, false, 0, 2);
+  const std::int64_t id = register_tf_feed(std::make_shared<TfFeedOf<EpochBatches>>(plan), 0);
+  std::atomic<int> code{-1};
+  std::thread taker([&] {
+    NpyfeedTfBatch got;
+    code = tf_feed_api().take(id, 0, 0, &got);
+    if (code == 0) {
+      tf_feed_api().release(got.x_owner);
+      tf_feed_api().release(got.y_owner);
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the take is waiting now
+  std::thread closer([&] { unregister_tf_feed(id); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // it has seen the close
+  release = true;  // the cancelled gather's runners can now start, see the cancel and return
+  closer.join();
+  taker.join();
+  blocker->wait();
+  CHECK_EQ(code.load(), 1);  // CANCELLED, not the batch the gather would have made
+  NpyfeedTfBatch got;
+  CHECK(plan->take(0, 0).count == 8);               // the plan works again after close
+  CHECK_EQ(tf_feed_api().take(id, 0, 0, &got), 9);  // the feed is gone
 }
