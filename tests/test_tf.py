@@ -374,6 +374,22 @@ def test_native_stale_feed_is_a_clear_error(tf, src, native_ops):
         native_ops.npyfeed_take(stale, 0, 0, T=tf.float32)
 
 
+def test_an_op_library_that_does_not_load_falls_back_with_one_warning(tf, src, monkeypatch, caplog):
+    import npyfeed.tf
+
+    def refuse(path):
+        raise tf.errors.NotFoundError(None, None, f"{path}: undefined symbol: TF_Something")
+
+    monkeypatch.setattr(npyfeed.tf, "_ops_result", [])  # not tried yet in this process
+    monkeypatch.setattr(tf, "load_op_library", refuse)
+    monkeypatch.delenv("NPYFEED_TF_OPS", raising=False)
+    with caplog.at_level("WARNING", logger="npyfeed"):
+        for _ in range(2):
+            _assert_batches_equal(_tf_pass(npyfeed.tf.dataset(src, 8)), list(src.batches(8)))
+    warnings = [r.getMessage() for r in caplog.records if "native ops unavailable" in r.getMessage()]
+    assert len(warnings) == 1 and "undefined symbol: TF_Something" in warnings[0], warnings
+
+
 def test_the_op_library_needs_only_tensorflow_framework_and_the_c_runtime():
     # One binary for every TensorFlow from 2.15 on: it links libtensorflow_framework.so.2 (whose stable C API it
     # uses) and the C/C++ runtime only, holds no copy of npyfeed's core, and exports its init function alone.
