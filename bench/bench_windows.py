@@ -24,7 +24,10 @@ seed=--seed)``), into float32 batches:
                            with read-ahead; modes mmap and read (and direct, cold only: O_DIRECT never uses the cache)
   (f) npyfeed.tf mmap      npyfeed.tf.dataset(src, B, shuffle=True, seed) over a mode="mmap" source, read by a
                            Python loop over eager tensors; and (warm, ``--only fg``) read by ``next(iterator)``
-                           inside a tf.function, as Keras fit and a custom training step read it
+                           inside a tf.function, as Keras fit and a custom training step read it; both hand-offs
+                           in the same run: native ops (f, fg) and the tf.numpy_function fallback (fn, fgn)
+  (t) TF in-RAM gather     the strongest pure-TensorFlow pipeline: every factor array in one in-RAM tensor, the
+                           index as int tensors, one tf.gather per batch in map(num_parallel_calls=AUTOTUNE)
 
 Warm = every data file in the page cache (read once before the warm rounds); cold = every data file evicted
 (posix_fadvise DONTNEED, residency checked with mincore) before EACH cold measurement. Sources that map files are
@@ -535,13 +538,19 @@ class _SourceHandle:
         self._src = None
 
 
+#: npyfeed.tf's two hand-offs: its op library ("native", the default) and the tf.numpy_function fallback.
+TF_PATHS = {"native": "", "numpy_function": "n"}  # path -> tag suffix
+
+
 class NpyfeedTF(Npyfeed):
     tag = "f"
     needs_tf = True
 
-    def __init__(self, mode: str = "mmap", caches=("warm", "cold")):
+    def __init__(self, mode: str = "mmap", caches=("warm", "cold"), path: str = "native"):
         super().__init__(mode, caches)
-        self.name = f"(f) npyfeed.tf.dataset {mode}"
+        self.path = path
+        self.tag = type(self).tag + TF_PATHS[path]
+        self.name = f"(f) npyfeed.tf.dataset {mode}, {path}"
         self.dataset = None
         self.handle = None
 
@@ -549,8 +558,19 @@ class NpyfeedTF(Npyfeed):
         import npyfeed.tf as nftf
 
         self.handle = _SourceHandle(self.make_source(data))
-        # A new dataset per measurement: its first pass is epoch 0, the order every contender uses.
-        self.dataset = nftf.dataset(self.handle, data.batch, shuffle=True, seed=data.seed)
+        # A new dataset per measurement: its first pass is epoch 0, the order every contender uses. The path is
+        # chosen when the dataset is made (NPYFEED_TF_OPS=0: the fallback).
+        saved = os.environ.get("NPYFEED_TF_OPS")
+        os.environ["NPYFEED_TF_OPS"] = "1" if self.path == "native" else "0"
+        try:
+            if self.path == "native" and nftf._native_ops() is None:
+                raise SystemExit("npyfeed.tf's op library did not load: no native row")
+            self.dataset = nftf.dataset(self.handle, data.batch, shuffle=True, seed=data.seed)
+        finally:
+            if saved is None:
+                del os.environ["NPYFEED_TF_OPS"]
+            else:
+                os.environ["NPYFEED_TF_OPS"] = saved
 
         def run():
             return _count(iter(self.dataset), batches)
@@ -570,9 +590,9 @@ class NpyfeedTFGraph(NpyfeedTF):
 
     tag = "fg"
 
-    def __init__(self, mode: str = "mmap", caches=("warm",)):
-        super().__init__(mode, caches)
-        self.name = f"(f) npyfeed.tf.dataset {mode}, in a tf.function"
+    def __init__(self, mode: str = "mmap", caches=("warm",), path: str = "native"):
+        super().__init__(mode, caches, path)
+        self.name = f"(f) npyfeed.tf.dataset {mode}, {path}, in a tf.function"
         self.take = None
 
     def open(self, data, batches, log):
@@ -601,6 +621,62 @@ class NpyfeedTFGraph(NpyfeedTF):
         return run
 
 
+class TFInRamGather(TFPipeline):
+    """The strongest pure-TensorFlow pipeline a user could write instead: every factor array concatenated into
+    one in-RAM float32 tensor (K*T, F), the labels into (K*T, L), the index as int64 tensors; a batch is ONE
+    tf.gather of its (B, W) rows (and one of its labels) in a parallel map. No Python per batch or sample."""
+
+    tag, name = "t", "(t) TensorFlow in-RAM tf.gather, parallel map"
+    caches = ("warm",)
+
+    def __init__(self, tf):
+        super().__init__(tf)
+        self.tensors = None  # (data, factors, labels, row0, label_row): built once per data set (setup, timed)
+
+    def _tensors(self, data: Data):
+        if self.tensors is None or self.tensors[0] is not data:
+            self.tensors = None
+            windows, row0, lab_flat, lab_row, big, _ = data.stacked()
+            tf = self.tf
+            t0 = time.perf_counter()
+            factors = tf.constant(big.reshape(-1, data.cols))
+            labels = tf.constant(lab_flat)
+            data.setup["tf_tensor"] = time.perf_counter() - t0
+            self.tensors = (data, factors, labels, tf.constant(row0), tf.constant(lab_row))
+        return self.tensors[1:]
+
+    def open(self, data, batches, log):
+        tf = self.tf
+        factors, labels, row0, lab_row = self._tensors(data)
+        offsets = tf.range(data.window, dtype=tf.int64)
+
+        def gather(ids):
+            rows = tf.gather(row0, ids)[:, None] + offsets  # (B, W)
+            return tf.gather(factors, rows), tf.gather(labels, tf.gather(lab_row, ids))
+
+        self.dataset = (tf.data.Dataset.from_tensor_slices(data.ids(batches)).batch(data.batch)
+                        .map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
+        return self._run(batches)
+
+    def close(self):
+        super().close()
+        if self.tensors is not None and self.tensors[0]._stacked is None:  # the data set released its arrays
+            self.tensors = None
+
+    def setup_text(self, data):
+        return (f"np.load {data.setup.get('dict', float('nan')):.1f} s cold + stack "
+                f"{data.setup.get('stack', float('nan')):.1f} s + tensor {data.setup.get('tf_tensor', float('nan')):.1f} s")
+
+
+def tf_handoff_contenders() -> list:
+    """npyfeed.tf on both paths, read by a Python loop and inside a tf.function: (f), (fg) native; (fn), (fgn)
+    the numpy_function fallback, in the same run."""
+    out = []
+    for path in TF_PATHS:
+        out += [NpyfeedTF("mmap", path=path), NpyfeedTFGraph("mmap", path=path)]
+    return out
+
+
 def build_contenders(args, tf) -> list:
     out = []
     if tf is not None:
@@ -609,7 +685,7 @@ def build_contenders(args, tf) -> list:
             NpyfeedArrays()]
     if tf is not None:
         if importlib.util.find_spec("npyfeed.tf") is not None:
-            out += [NpyfeedTF("mmap"), NpyfeedTFGraph("mmap")]
+            out += tf_handoff_contenders() + [TFInRamGather(tf)]
         else:
             print("note: npyfeed.tf is not installed yet: (f) skipped", file=sys.stderr)
     if args.only:
@@ -677,7 +753,9 @@ def parse_args(argv=None):
     g.add_argument("--no-tf", action="store_true",
                    help="skip the TensorFlow contenders (a, b, c, f): no TensorFlow import")
     g.add_argument("--only", default=None,
-                   help="comma-separated tags to run only some contenders: a,b,c,d,m,e,f or e-mmap,e-read,e-direct")
+                   help="comma-separated tags to run only some contenders: a,b,c,d,m,e,f,fg,fn,fgn,t or "
+                        "e-mmap,e-read,e-direct (f/fg: npyfeed.tf native, fn/fgn: its numpy_function fallback, "
+                        "t: pure TensorFlow in-RAM gather)")
     args = p.parse_args(argv)
     args.dtypes = [args.dtype] if args.dtype else [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if args.quick:
@@ -1012,12 +1090,13 @@ def evaluate_targets(by, limit_rate, dtypes) -> list:
     out = []
 
     def add(target, dtype, value, needed, threshold, shown=None, cold_rows=()):
-        ok = None if value is None else value >= threshold
+        ok = None if value is None or threshold is None else value >= threshold
         if any(r is not None and r.residency > MAX_COLD_RESIDENCY for r in cold_rows):
             ok = None  # not measured cold
+        status = "-" if threshold is None else "n/a" if ok is None else ("met" if ok else "MISSED")
         out.append({"target": target, "dtype": dtype, "value": value, "needed": needed,
                     "measured": shown if shown is not None else common.fmt(value, ".3f", "x"),
-                    "status": "n/a" if ok is None else ("met" if ok else "MISSED"), "met": ok})
+                    "status": status, "met": ok})
 
     def ratio(x, y):
         return x.best / y.best if (x and y) else None
@@ -1036,6 +1115,7 @@ def evaluate_targets(by, limit_rate, dtypes) -> list:
             add("(f) warm cpu/sample vs (e)", dtype, None if cpu is None else 1.1 / cpu, "<= 1.10x", 1.0,
                 common.fmt(cpu, ".3f", "x"))
             add("(f) warm vs (a) warm", dtype, ratio(f, a), ">= 75x", 75, common.fmt(ratio(f, a), ".0f", "x"))
+        handoff_targets(by, dtype, add, ratio)
         disk = limit_rate.get((dtype, "cold"))
         m = by.get(("m", dtype, "cold"))
         for mode in ("mmap", "read", "direct"):
@@ -1046,6 +1126,27 @@ def evaluate_targets(by, limit_rate, dtypes) -> list:
                 add(f"(e) {mode} cold vs np mmap slicing cold", dtype, ratio(e, m), ">= 5x", 5,
                     common.fmt(ratio(e, m), ".2f", "x"), cold_rows=(e, m))
     return out
+
+
+def handoff_targets(by, dtype, add, ratio) -> None:
+    """The hand-off's targets: (f) in a tf.function against (e), native against the numpy_function path, and
+    npyfeed.tf against the pure TensorFlow in-RAM gather (t)."""
+    e, t = by.get(("e-mmap", dtype, "warm")), by.get(("t", dtype, "warm"))
+    for tag, reader in (("fg-mmap", "in a tf.function"), ("fn-mmap", "numpy_function"),
+                        ("fgn-mmap", "numpy_function, in a tf.function")):
+        f = by.get((tag, dtype, "warm"))
+        if f and tag == "fg-mmap":
+            add(f"(f) {reader} warm vs (e) mmap warm", dtype, ratio(f, e), ">= 0.950x", 0.95)
+            cpu = f.best_cpu_us / e.best_cpu_us if (e and f.best_cpu_us and e.best_cpu_us) else None
+            add(f"(f) {reader} warm cpu/sample vs (e)", dtype, None if cpu is None else 1.1 / cpu, "<= 1.10x", 1.0,
+                common.fmt(cpu, ".3f", "x"))
+        elif f:  # informative: the fallback beside the native path
+            native = by.get((tag.replace("n-", "-"), dtype, "warm"))
+            add(f"(f) native vs {reader} warm", dtype, ratio(native, f), "informative", None)
+    for tag, reader in (("f-mmap", ""), ("fg-mmap", " in a tf.function")):
+        f = by.get((tag, dtype, "warm"))
+        if f and t:
+            add(f"(f){reader} warm vs (t) TF in-RAM gather", dtype, ratio(f, t), ">= 1.300x", 1.3)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from __future__ import annotations
 import gc
 import importlib.util
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -37,16 +39,38 @@ SAMPLES = 37  # odd: leaves remainders for every batch size and shard count used
 SCRIPT_TIMEOUT_S = 120
 
 
-@pytest.fixture(scope="module")
-def tf():
-    tf = pytest.importorskip("tensorflow")
-    import npyfeed.tf  # noqa: F401
+#: The two ways a batch reaches TensorFlow: npyfeed's op library, and the ``tf.numpy_function`` fallback.
+PATHS = ["native", "numpy_function"]
 
+
+@pytest.fixture(scope="module", params=PATHS)
+def tf(request):
+    """TensorFlow, with npyfeed.tf on one path (every in-process test runs on both)."""
+    tf = pytest.importorskip("tensorflow")
+    import npyfeed.tf
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NPYFEED_TF_OPS", "1" if request.param == "native" else "0")
+        # The native path must really be the one tested: the op library loads wherever npyfeed was built.
+        assert (npyfeed.tf._native_ops() is not None) == (request.param == "native")
+        _start_gather_workers()
+        yield tf
+
+
+def _start_gather_workers():
     # Start the gather's workers (one per key of a batch, up to `threads`) from this thread, not from TensorFlow's:
     # they would inherit its flush-to-zero mode, for the rest of the session (see
     # test_subnormals_survive_a_gather_from_tensorflow).
     npyfeed.WindowSource.from_arrays(*_make_arrays(), WINDOW).get(np.arange(SAMPLES))
-    return tf
+
+
+@pytest.fixture
+def numpy_function_path(tf):
+    """For tests of the fallback's own machinery (its ``_Gather``): skipped on the native path."""
+    import npyfeed.tf
+
+    if npyfeed.tf._native_ops() is not None:
+        pytest.skip("tests the numpy_function path's gather")
 
 
 def _make_arrays():
@@ -226,7 +250,7 @@ def test_tf_adopts_aligned_batch_buffers_without_copying(tf, src):
 
 
 @pytest.fixture
-def recorded(monkeypatch):
+def recorded(monkeypatch, numpy_function_path):
     """Every batch npyfeed.tf's gather hands to TensorFlow (its ``numpy_function``), in call order."""
     import npyfeed.tf
 
@@ -261,7 +285,7 @@ def test_batches_reach_tensorflow_without_a_copy(tf, src, recorded):
     assert _address(copied) != yielded[0][0].ctypes.data
 
 
-def test_an_error_in_a_gather_reaches_the_loop(tf, src, monkeypatch):
+def test_an_error_in_a_gather_reaches_the_loop(tf, src, monkeypatch, numpy_function_path):
     import npyfeed.tf
 
     gather = npyfeed.tf._Gather.__call__
@@ -277,6 +301,123 @@ def test_an_error_in_a_gather_reaches_the_loop(tf, src, monkeypatch):
         for x, _ in npyfeed.tf.dataset(src, 4):
             got.append(x)
     assert len(got) == 2
+
+
+def test_a_file_truncated_under_the_pipeline_fails_naming_it(tf, tmp_path):
+    for d in ("factor", "label"):
+        (tmp_path / d).mkdir()
+    for k in range(3):
+        np.save(tmp_path / "factor" / f"k{k}.npy", np.ones((1000, 8), np.float32))
+        np.save(tmp_path / "label" / f"k{k}.npy", np.ones((1000, 1), np.float32))
+    (tmp_path / "index.txt").write_text("".join(f"{r},{r},k{k}\n" for k in range(3) for r in range(10, 1000, 10)))
+    files = npyfeed.WindowSource(tmp_path / "index.txt", tmp_path / "factor", tmp_path / "label", 4, mode="read")
+    os.truncate(tmp_path / "factor" / "k2.npy", 2000)
+    got = 0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="k2.npy"):
+        for _ in npyfeed.tf.dataset(files, 16):
+            got += 1
+    assert got >= 10  # keys k0 and k1 read (198 samples), in order
+
+
+@pytest.fixture
+def native_ops(tf):
+    import npyfeed.tf
+
+    ops = npyfeed.tf._native_ops()
+    if ops is None:
+        pytest.skip("tests the op library")
+    return ops
+
+
+def test_native_batches_are_npyfeeds_buffers(tf, src, native_ops):
+    # The op hands TensorFlow npyfeed's own buffers (adopted, not copied: a copy would give them back at once),
+    # and TensorFlow gives each back when it lets go.
+    from npyfeed import _core
+
+    gc.collect()
+    base = _core.tf_feed_owners()
+    tensors = list(npyfeed.tf.dataset(src, 8, shuffle=True))
+    gc.collect()
+    assert _core.tf_feed_owners() - base == 2 * len(tensors) == 2 * -(-SAMPLES // 8)
+    assert all(_address(x) % 64 == 0 and _address(y) % 64 == 0 for x, y in tensors)
+    _assert_batches_equal([(x.numpy(), y.numpy()) for x, y in tensors], list(src.batches(8, shuffle=True)))
+    del tensors
+    gc.collect()
+    assert _core.tf_feed_owners() == base
+
+
+def test_native_ids_and_takes_from_parallel_calls(tf, src, native_ops):
+    from npyfeed import _core
+
+    plan = src.plan(8, shuffle=True, seed=5)
+    feed = _core.TfFeed(plan._core, 0)
+    order = src.epoch_order(3, shuffle=True, seed=5)
+    for b in range(5):
+        np.testing.assert_array_equal(native_ops.npyfeed_ids(feed.id, 3, b).numpy(), order[8 * b:8 * b + 8])
+    # Calls from several of TensorFlow's threads at once, in any order: each is still batch b of epoch e.
+    ds = tf.data.Dataset.range(20).map(lambda i: native_ops.npyfeed_take(feed.id, i // 5, i % 5, T=tf.float32),
+                                       num_parallel_calls=4, deterministic=True)
+    got = [(x.numpy(), y.numpy()) for x, y in ds]
+    _assert_batches_equal(got, [b for e in range(4) for b in src.batches(8, shuffle=True, seed=5, epoch=e)])
+    blocks = src.plan(8, shuffle="blocks", seed=5)
+    feed = _core.TfFeed(blocks._core, 0)  # shuffle="blocks" has ids too: the plan's
+    for b in range(3):
+        np.testing.assert_array_equal(native_ops.npyfeed_ids(feed.id, 1, b).numpy(), blocks.ids(1, b))
+
+
+def test_native_stale_feed_is_a_clear_error(tf, src, native_ops):
+    from npyfeed import _core
+
+    feed = _core.TfFeed(src.plan(8)._core, 0)
+    stale = feed.id
+    del feed  # the dataset is gone; a graph may still hold the id
+    with pytest.raises(tf.errors.FailedPreconditionError, match="gone"):
+        native_ops.npyfeed_take(stale, 0, 0, T=tf.float32)
+
+
+def test_an_op_library_that_does_not_load_falls_back_with_one_warning(tf, src, monkeypatch, caplog):
+    import npyfeed.tf
+
+    def refuse(path):
+        raise tf.errors.NotFoundError(None, None, f"{path}: undefined symbol: TF_Something")
+
+    monkeypatch.setattr(npyfeed.tf, "_ops_result", [])  # not tried yet in this process
+    monkeypatch.setattr(tf, "load_op_library", refuse)
+    monkeypatch.delenv("NPYFEED_TF_OPS", raising=False)
+    with caplog.at_level("WARNING", logger="npyfeed"):
+        for _ in range(2):
+            _assert_batches_equal(_tf_pass(npyfeed.tf.dataset(src, 8)), list(src.batches(8)))
+    warnings = [r.getMessage() for r in caplog.records if "native ops unavailable" in r.getMessage()]
+    assert len(warnings) == 1 and "undefined symbol: TF_Something" in warnings[0], warnings
+
+
+def test_the_op_library_needs_only_tensorflow_framework_and_the_c_runtime():
+    # One binary for every TensorFlow from 2.15 on: it links libtensorflow_framework.so.2 (whose stable C API it
+    # uses) and the C/C++ runtime only, holds no copy of npyfeed's core, and exports its init function alone.
+    path = os.path.join(os.path.dirname(npyfeed.__file__), "_tf_ops.so")
+    readelf, nm = shutil.which("readelf"), shutil.which("nm")
+    if not os.path.exists(path) or readelf is None or nm is None:
+        pytest.skip("no op library, or no readelf/nm")
+    dynamic = subprocess.run([readelf, "-d", path], capture_output=True, text=True, check=True).stdout
+    needed = set(re.findall(r"\(NEEDED\).*\[(.+)\]", dynamic))
+    assert "libtensorflow_framework.so.2" in needed
+    assert needed <= {"libtensorflow_framework.so.2", "libstdc++.so.6", "libgcc_s.so.1", "libc.so.6", "libm.so.6",
+                      "libpthread.so.0"}, needed
+    defined = subprocess.run([nm, "-D", "--defined-only", path], capture_output=True, text=True, check=True).stdout
+    assert [line.split()[-1] for line in defined.splitlines() if " T " in line] == ["npyfeed_tf_ops_init"]
+    undefined = subprocess.run([nm, "-D", "--undefined-only", path], capture_output=True, text=True, check=True).stdout
+    assert not re.search(r"npyfeed|TF_\w*Experimental|_ZN10tensorflow", undefined), undefined
+
+
+def test_a_dataset_made_and_read_inside_a_tf_function(tf, src, data):
+    @tf.function
+    def label_sum():
+        ds = npyfeed.tf.dataset(src, 8, shuffle=True, seed=4)
+        return ds.reduce(tf.constant(0.0, tf.float64), lambda acc, xy: acc + tf.reduce_sum(tf.cast(xy[1], tf.float64)))
+
+    _, ref_y = _reference(data)
+    for _ in range(2):  # the graph holds the feed as long as the function lives
+        assert float(label_sum()) == pytest.approx(float(ref_y.astype(np.float64).sum()))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -380,6 +521,7 @@ src = npyfeed.WindowSource.from_arrays(index, factors, labels, {WINDOW})
 # `import npyfeed.tf` runs after npyfeed's hook (atexit is last in, first out) and reports how many gathers are
 # still inside the numpy_function at that point, on stderr.
 _GATHER_IN_FLIGHT_AT_EXIT = """
+    os.environ["NPYFEED_TF_OPS"] = "0"  # the numpy_function path's gather
     import atexit
     gathers_in_flight = []
 
@@ -466,6 +608,18 @@ _SCRIPTS = {
         except KeyboardInterrupt:
             print("ok")
     """,
+    # The native path: gathers in flight (batches of 25 MB) as the script exits, no exit hook involved.
+    "exit_with_native_gathers_in_flight": """
+        import npyfeed.tf
+        assert npyfeed.tf._native_ops() is not None
+        big = npyfeed.WindowSource.from_arrays([(f, f, "a") for f in range(99, 20000, 5)],
+                                               {"a": np.ones((20000, 256), np.float32)},
+                                               {"a": np.ones((20000, 1), np.float32)}, 100, threads=1)
+        it = iter(npyfeed.tf.dataset(big, 256, prefetch=4).repeat())
+        next(it)
+        assert not npyfeed.tf._state.used, "the native path went through the exit hook's bookkeeping"
+        print("ok")
+    """,
     # TensorFlow's threads flush subnormals to zero (FTZ/DAZ); gather workers started from such a thread must not.
     "subnormals_survive_a_gather_from_tensorflow": """
         import npyfeed.tf
@@ -525,6 +679,10 @@ _SCRIPTS = {
 }
 
 
+# The exits on the numpy_function path as well (the default is the native path).
+for _name in ["exit_after_fit_steps_per_epoch", "exit_after_break", "exit_after_ctrl_c"]:
+    _SCRIPTS[_name + "_numpy_function"] = 'os.environ["NPYFEED_TF_OPS"] = "0"\n' + textwrap.dedent(_SCRIPTS[_name])
+
 #: Scripts that may hang at exit: killed `HANG_S` after they printed "ok" (began to exit).
 _EXPECTED_TO_HANG = {"exit_with_gather_in_flight_without_hook"}
 HANG_S = 20
@@ -570,8 +728,9 @@ class _Scripts:
             name = self._waiting.pop(0)
             files = [open(self._directory / f"{name}.{s}", "w") for s in ("out", "err")]
             code = _PRELUDE + textwrap.dedent(_SCRIPTS[name])
+            env = {k: v for k, v in os.environ.items() if k != "NPYFEED_TF_OPS"}  # each script picks its path
             self._running[name] = (subprocess.Popen([sys.executable, "-c", code], stdout=files[0], stderr=files[1],
-                                                    text=True), time.monotonic())
+                                                    text=True, env=env), time.monotonic())
             for f in files:
                 f.close()
 
@@ -618,7 +777,9 @@ def test_import_npyfeed_does_not_import_tensorflow(scripts):
 
 
 @pytest.mark.parametrize("name", ["exit_after_fit_steps_per_epoch", "exit_after_break", "exit_with_gather_in_flight",
-                                  "exit_after_ctrl_c"])
+                                  "exit_after_ctrl_c", "exit_with_native_gathers_in_flight",
+                                  "exit_after_fit_steps_per_epoch_numpy_function", "exit_after_break_numpy_function",
+                                  "exit_after_ctrl_c_numpy_function"])
 def test_stopping_early_and_exiting_does_not_hang(scripts, name):
     err = scripts.result(name)
     assert "Traceback" not in err

@@ -30,7 +30,7 @@ if importlib.util.find_spec("tensorflow") is None:
     pytest.skip("TensorFlow is not installed", allow_module_level=True)
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_tf import SAMPLES, WINDOW, _make_arrays  # noqa: E402
+from test_tf import PATHS, SAMPLES, WINDOW, _make_arrays  # noqa: E402
 
 TIMEOUT_S = 300
 
@@ -44,6 +44,11 @@ from test_tf import _make_arrays
 index, factors, labels = _make_arrays()
 src = npyfeed.WindowSource.from_arrays(index, factors, labels, {WINDOW})
 """
+
+
+def _env(path: str) -> dict:
+    """The environment of a script on `path` (one of test_tf.PATHS)."""
+    return dict(os.environ, NPYFEED_TF_OPS="1" if path == "native" else "0")
 
 
 def _run(code: str, *args, env=None) -> subprocess.Popen:
@@ -130,12 +135,12 @@ def _expected(src, kwargs: dict, shard, repeat: bool, before: int) -> list:
     return stream[before:before + AFTER]
 
 
-@pytest.fixture(scope="module")
-def resumed(tmp_path_factory):
+@pytest.fixture(scope="module", params=PATHS)
+def resumed(tmp_path_factory, request):
     """Runs the save process (reads, checkpoints, reads on) and then the restore process (a new interpreter)."""
     directory = tmp_path_factory.mktemp("tf_checkpoints")
-    _finish(_run(_CHECKPOINT, "save", directory), "save")
-    _finish(_run(_CHECKPOINT, "restore", directory), "restore")
+    _finish(_run(_CHECKPOINT, "save", directory, env=_env(request.param)), "save")
+    _finish(_run(_CHECKPOINT, "restore", directory, env=_env(request.param)), "restore")
     return directory
 
 
@@ -203,8 +208,9 @@ print(json.dumps(dict(alive=alive, mapped=mapped(), fds=fds(), grown=rss() - bas
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("shuffle", ["global", "blocks"])
-def test_dropped_datasets_leave_nothing_behind(tmp_path, shuffle):
+def test_dropped_datasets_leave_nothing_behind(tmp_path, shuffle, path):
     # One key, T=4000 rows of 64 float32 (1 MB), 320 samples of W=50: a batch of 64 holds 800 KB.
     rng = np.random.default_rng(0)
     (tmp_path / "factor").mkdir()
@@ -213,7 +219,7 @@ def test_dropped_datasets_leave_nothing_behind(tmp_path, shuffle):
     np.save(tmp_path / "label" / "k0.npy", rng.standard_normal((4000, 2)).astype(np.float32))
     lines = [f"{f},{f},k0" for f in rng.integers(49, 4000, 320)]
     (tmp_path / "index.txt").write_text("\n".join(lines) + "\n")
-    out = _finish(_run(_LEAK, tmp_path, shuffle), "leak")
+    out = _finish(_run(_LEAK, tmp_path, shuffle, env=_env(path)), "leak")
     result = json.loads(out.splitlines()[-1])
     assert result["alive"] == 0, result  # every WindowSource was freed
     assert result["mapped"] == 0, result  # and with it its mappings

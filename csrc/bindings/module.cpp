@@ -45,4 +45,5 @@ PYBIND11_MODULE(_core, m) {
   bind_loads(m);
   bind_windows(m);
   bind_plans(m);
+  bind_tf_feed(m);
 }

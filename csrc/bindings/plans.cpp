@@ -109,18 +109,16 @@ void bind_plans(py::module_& m) {
            })
       .def("take",
            [](EpochPlan& p, std::uint64_t epoch, std::size_t batch) {
-             // A thread that may handle signals (the main one) waits in slices to notice Ctrl-C; others wait.
-             const bool main_thread = PyThread_get_thread_ident() == main_thread_id();
-             WaitFor wait;
-             if (main_thread) {
-               wait = [](Job& job) {
-                 while (!job.wait_for(std::chrono::milliseconds(50))) {
-                   py::gil_scoped_acquire gil;
-                   if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-                 }
+             // The thread that handles signals (the main one) runs them between the slices of its wait: Ctrl-C
+             // interrupts it. Other threads never take the GIL while they wait.
+             WhileWaiting check_signals;
+             if (PyThread_get_thread_ident() == main_thread_id()) {
+               check_signals = [] {
+                 py::gil_scoped_acquire gil;
+                 if (PyErr_CheckSignals() != 0) throw py::error_already_set();
                };
              }
-             WindowBatch b = without_gil([&] { return p.take(epoch, batch, wait); });
+             WindowBatch b = without_gil([&] { return p.take(epoch, batch, check_signals); });
              return wrap_window_batch(p.source(), b);
            })
       .def("stream",

@@ -97,9 +97,10 @@ class EpochPlan {
   /// A stream of epoch `epoch`'s batches from batch `start_batch` on (clipped to num_batches()), keeping
   /// `prefetch` (at least 1) batches in flight: what the numpy iterator reads.
   std::unique_ptr<EpochStream> stream(std::uint64_t epoch, std::size_t start_batch, std::size_t prefetch) const;
-  /// Batch `batch` of epoch `epoch`, complete (see the class comment); `wait` waits for its gather or read.
-  /// Throws IndexOutOfRange unless batch < num_batches(); rethrows a failed read or gather.
-  WindowBatch take(std::uint64_t epoch, std::size_t batch, const WaitFor& wait = {});
+  /// Batch `batch` of epoch `epoch`, complete (see the class comment); `while_waiting` runs between the slices
+  /// of its wait. Throws IndexOutOfRange unless batch < num_batches(); rethrows a failed read or gather; throws
+  /// Cancelled when close() comes from another thread while it waits.
+  WindowBatch take(std::uint64_t epoch, std::size_t batch, const WhileWaiting& while_waiting = {});
   /// Streams take() started so far (for tests).
   std::size_t streams_started() const { return at_position_->streams_started(); }
   /// Cancels take()'s read-ahead (and waits for it). Idempotent; take() afterwards starts a new stream.

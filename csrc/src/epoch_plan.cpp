@@ -179,8 +179,8 @@ EpochOrder EpochPlan::computed_order(std::uint64_t epoch) const {
   return EpochOrder(source_->size(), shuffle, spec_.seed, epoch, spec_.num_shards, spec_.shard_index);
 }
 
-WindowBatch EpochPlan::take(std::uint64_t epoch, std::size_t batch, const WaitFor& wait) {
-  return at_position_->take(epoch, batch, wait);
+WindowBatch EpochPlan::take(std::uint64_t epoch, std::size_t batch, const WhileWaiting& while_waiting) {
+  return at_position_->take(epoch, batch, while_waiting);
 }
 
 }  // namespace npyfeed

@@ -7,39 +7,52 @@ The pipeline is native ``tf.data`` over positions, mapped through a gather of "b
     range(1).map(next pass's epoch) -> flat_map(e: range(batches).map(b: (e, b)))    # positions
       -> map(gather "batch b of epoch e", num_parallel_calls=1) -> prefetch
 
-The gather is one ``tf.numpy_function`` call per batch, which takes the batch (GIL released) from the plan
-(``WindowSource.plan``, ``Plan.take``: a C++ stream positioned at the next batch): the stream
-keeps the gathers of the next ``prefetch`` batches in flight by itself, as the numpy iterator does, so the
-thread pool never waits for TensorFlow's hand-off (measured: 8-10% more samples/s than ``prefetch`` separate
-gathers as ``num_parallel_calls``). A request for exactly the next batch is served from the stream; any other
-position (a restored checkpoint, a new epoch, a jump) starts a new stream there, so every batch is still a
-function of its position alone. TensorFlow asks for positions strictly in order (one call at a time). Its
-iterator is checkpointable (``tf.train.Checkpoint``): with symbolic checkpointing
-(``tf.data.Options.experimental_symbolic_checkpoint``) the state is the positions (a few bytes), never
-batches, and a restored iterator gathers the same batches again. No custom ops, so nothing depends on
-TensorFlow's C++ ABI.
+The gather takes the batch from the plan (``WindowSource.plan``, ``Plan.take``: a C++ stream positioned at the
+next batch): the stream keeps the gathers of the next ``prefetch`` batches in
+flight by itself, as the numpy iterator does, so the thread pool never waits for TensorFlow's hand-off. A
+request for exactly the next batch is served from the stream; any other position (a restored checkpoint, a new
+epoch, a jump) starts a new stream there, so every batch is still a function of its position alone (and calls
+from several TensorFlow threads would be correct, only slower). Its iterator is checkpointable
+(``tf.train.Checkpoint``): with symbolic checkpointing (``tf.data.Options.experimental_symbolic_checkpoint``)
+the state is the positions (a few bytes), never batches, and a restored iterator gathers the same batches again.
+
+Two ways to hand a batch to TensorFlow:
+
+* **Native ops** (the default): ``_tf_ops.so``, an op library registered through TensorFlow's stable C API only
+  (``tensorflow/c/ops.h``, ``kernels.h``, ``tf_tensor.h``, ``tf_status.h``), so one binary serves TensorFlow 2.15
+  and later; it is built without TensorFlow and holds no copy of npyfeed's core: it calls ``_core`` through a
+  versioned table of C functions (``csrc/npyfeed/tf_feed_abi.h``). ``NpyfeedTake`` returns npyfeed's 64-byte
+  aligned batch buffers as the tensors' memory (no copy; a buffer goes back to its pool once TensorFlow lets go).
+  No Python runs per batch (nor per pass: the epoch counter is an op too), so the gather needs neither the GIL
+  nor an exit hook. **Lifetime:** a graph holds only the feed's id (an int64); the feed stays registered in
+  ``_core`` while the dataset lives (an iterator holds its dataset; a dataset made inside a ``tf.function`` or a
+  ``tf.compat.v1`` graph is held by that graph). A call with an id whose dataset is gone fails with
+  ``FailedPreconditionError``, never touches freed memory; a call in flight holds its feed until it returns,
+  and one still waiting for its gather when the dataset goes stops waiting (``CancelledError``, within 50 ms).
+* **The fallback**, ``tf.numpy_function`` (one Python call per batch, GIL released inside): used when
+  ``NPYFEED_TF_OPS=0`` or when the op library does not load (one warning says why). TensorFlow adopts a 64-byte
+  aligned numpy array without copying it. A ``numpy_function`` call in flight when the interpreter starts
+  finalizing may never finish (CPython ends a thread that asks for the GIL after finalization began), so the
+  iterator's destructor, run by the main thread during finalization, could wait for it forever; an `atexit`
+  hook (this path only) makes further gathers fail at once and waits until none is in flight.
+
+Errors of a gather (a truncated file, a bad header) reach the loop as ``tf.errors.OpError`` with npyfeed's
+message, which names the file, index line or key.
 
 ``shuffle="blocks"``: a blocks epoch is read in order (files whole, within a memory budget); its stream also
 reads the blocks ahead within the budget.
 
-Epochs: a counter (a Python int behind a ``numpy_function``) gives each pass over the dataset the next epoch; ``dataset(...).repeat(count)`` reads epochs ``epoch, epoch + 1, ...`` from a native range, so the epoch
-is part of the checkpointed position and a restored repeat continues across the epoch boundary.
-
-Zero copy: TensorFlow adopts a 64-byte-aligned numpy array returned by a ``numpy_function`` without copying
-it (and copies any other; numpy's own large allocations sit at 16 mod 64). Batch buffers are 64-byte aligned,
-and a buffer is reused only after every reference to its batch, TensorFlow's included, is gone.
-
-Shutdown: a ``numpy_function`` call that is in flight when the interpreter starts finalizing may never finish
-(CPython ends a thread that asks for the GIL after finalization began), so the iterator's destructor, run by
-the main thread during finalization, can wait for it forever (timing-dependent). An `atexit` hook, which runs while other threads
-can still take the GIL, therefore makes further gathers fail at once and waits (GIL released) until no gather
-is in flight and the pipelines have gone quiet.
+Epochs: a counter (in the feed, or a Python int behind a ``numpy_function``) gives each pass over the dataset
+the next epoch; ``dataset(...).repeat(count)`` reads epochs ``epoch, epoch + 1, ...`` from a native range, so
+the epoch is part of the checkpointed position and a restored repeat continues across the epoch boundary.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import logging
+import os
 import threading
 import time
 import weakref
@@ -48,7 +61,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 
-from . import _checks
+from . import _checks, _core
 
 __all__ = ["dataset"]
 
@@ -175,26 +188,56 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         target = device if device is not None else _default_device()
         _check_device(target)
         on_device = DeviceGather(src, plan, target, storage_dtype, device_memory_budget)
-    gather = _Gather(batches, weak=weak)
-    steps = gather.num_batches
+    steps = len(batches)
     rows = _Rows(on_device, weak=weak) if on_device is not None else None
 
     dtype = tf.as_dtype(np.dtype(src.dtype))
     batch_dim = int(batch_size) if drop_remainder else None
     x_shape, y_shape = (batch_dim, *src.x_shape), (batch_dim, *src.y_shape)
 
-    passes = _Passes(epoch)
+    ops = _native_ops()
+    if ops is not None:
+        # The graph holds only the feed's id; the feed stays registered while the datasets hold it (an iterator
+        # through its dataset; in a graph, the graph itself: _hold_in_graph).
+        feed = _core.TfFeed(batches, int(epoch))
+        feed_id = feed.id
+        if not tf.executing_eagerly():
+            _hold_in_graph(feed)
 
-    def start_pass(_):
-        return tf.numpy_function(passes.start, [], tf.int64, stateful=False, name="npyfeed_next_epoch")
+        def start_pass(p):
+            return ops.npyfeed_next_epoch(feed_id, p, name="npyfeed_next_epoch")
+
+        def seen(e):
+            return ops.npyfeed_seen_epoch(feed_id, e, name="npyfeed_epoch")
+
+        def take(e, b):
+            return ops.npyfeed_take(feed_id, e, b, T=dtype, name="npyfeed_gather")
+    else:
+        # In a graph (tf.compat.v1, tf.estimator, inside a tf.function) the pipeline outlives the Python dataset,
+        # and the graph owns the gather: hold it strongly there.
+        gather = _Gather(batches, weak=weak)
+        passes = _Passes(epoch)
+        feed = None
+
+        def start_pass(_):
+            return tf.numpy_function(passes.start, [], tf.int64, stateful=False, name="npyfeed_next_epoch")
+
+        def seen(e):
+            return tf.numpy_function(passes.seen, [e], tf.int64, stateful=False, name="npyfeed_epoch")
+
+        def take(e, b):
+            return tf.numpy_function(gather, [e, b], (dtype, dtype), stateful=False, name="npyfeed_gather")
+
+        with _state:
+            _state.touch()  # from now on the exit hook waits for TensorFlow's threads to go quiet
 
     def one_epoch(e):
         # Also called when a checkpointed iterator is restored into epoch e: the next pass continues after it.
-        e = tf.numpy_function(passes.seen, [e], tf.int64, stateful=False, name="npyfeed_epoch")
+        e = seen(e)
         return tf.data.Dataset.range(steps).map(lambda b: (tf.ensure_shape(e, ()), b))
 
     def load(e, b):
-        x, y = tf.numpy_function(gather, [e, b], (dtype, dtype), stateful=False, name="npyfeed_gather")
+        x, y = take(e, b)
         return tf.ensure_shape(x, x_shape), tf.ensure_shape(y, y_shape)
 
     def start_rows(e, b):
@@ -210,12 +253,11 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
         options = tf.data.Options()
         options.experimental_symbolic_checkpoint = True  # checkpoints hold positions, not prefetched batches
+        ds = ds.prefetch(tf.data.AUTOTUNE).with_options(options)
         if on_device is None:
-            ds = ds.prefetch(tf.data.AUTOTUNE).with_options(options)
             if device is not None:
                 ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
             return ds
-        ds = ds.prefetch(tf.data.AUTOTUNE).with_options(options)
         if _is_cpu(target):
             return ds.map(form, num_parallel_calls=1, deterministic=True).prefetch(2)
         # The start rows go to the device; the batch is formed there, by a map that runs on the device.
@@ -229,21 +271,67 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
             epochs, cardinality = tf.data.Dataset.range(epoch, 2**62), tf.data.INFINITE_CARDINALITY
         else:
             epochs, cardinality = tf.data.Dataset.range(epoch, epoch + count), count * steps
-        ds = finish(epochs.flat_map(one_epoch), cardinality)
-        ds._npyfeed_batches = batches  # see _Gather
-        ds._npyfeed_device = on_device
-        return ds
+        return _hold(finish(epochs.flat_map(one_epoch), cardinality), batches, feed, on_device)
 
-    with _state:
-        _state.touch()  # from now on the exit hook waits for TensorFlow's threads to go quiet
     ds = finish(tf.data.Dataset.range(1).map(start_pass).flat_map(one_epoch), steps)
     if device is not None or (on_device is not None and not _is_cpu(target)):
-        ds._npyfeed_batches = batches
-        ds._npyfeed_device = on_device
-        return ds
-    ds = _Dataset(ds, repeat, batches)
-    ds._npyfeed_device = on_device  # gather="device": its arrays on the device (for tests: what each step sends)
+        return _hold(ds, batches, feed, on_device)
+    return _hold(_Dataset(ds, repeat), batches, feed, on_device)
+
+
+def _hold(ds, batches, feed, on_device=None):
+    """The dataset holds the plan (see _Gather) and, on the native path, the feed its graph names by id: an
+    iterator holds its dataset, so the feed stays registered while anything can still ask it for a batch. With
+    gather="device" it also holds the arrays on the device (`_device.DeviceGather`)."""
+    ds._npyfeed_batches = batches
+    ds._npyfeed_feed = feed
+    ds._npyfeed_device = on_device
     return ds
+
+
+def _hold_in_graph(feed) -> None:
+    """In a graph (tf.compat.v1, inside a tf.function) the pipeline outlives the Python dataset: the graph holds
+    the feed (as it holds a ``numpy_function``'s callable), and lets it go with the graph."""
+    graph = tf.compat.v1.get_default_graph()
+    held = getattr(graph, "_npyfeed_feeds", None)
+    if held is None:
+        held = graph._npyfeed_feeds = []
+    held.append(feed)
+
+
+#: The environment variable that chooses the path: "0" forces the numpy_function fallback.
+_OPS_ENV = "NPYFEED_TF_OPS"
+_ops_lock = threading.Lock()
+_ops_result: list = []  # [module or None] once tried
+
+
+def _native_ops():
+    """npyfeed's op library (``_tf_ops.so``), initialised with _core's feed table; None for the
+    ``numpy_function`` fallback (``NPYFEED_TF_OPS=0``, or the library does not load: one warning says why)."""
+    if os.environ.get(_OPS_ENV, "1").strip() == "0":
+        return None
+    with _ops_lock:
+        if not _ops_result:
+            _ops_result.append(_load_native_ops())
+        return _ops_result[0]
+
+
+def _load_native_ops():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tf_ops.so")
+    try:
+        if not os.path.exists(path):
+            raise OSError(f"{path} is not installed")
+        ops = tf.load_op_library(path)
+        # The same handle as TensorFlow's (dlopen of one path): its init sees the ops' globals.
+        init = ctypes.CDLL(path).npyfeed_tf_ops_init
+        init.argtypes, init.restype = [ctypes.c_void_p], ctypes.c_int
+        if init(_core.tf_feed_api()) != 0:
+            raise RuntimeError(f"{path} was built for another version of _core's feed table")
+        return ops
+    except Exception as e:  # noqa: BLE001 - any failure means the fallback, said once
+        log.warning("npyfeed.tf: native ops unavailable (%s: %s); batches go through tf.numpy_function",
+                    type(e).__name__, e)
+        return None
 
 
 def _default_device() -> str:
@@ -302,9 +390,8 @@ class _Passes:
 class _Dataset(dataset_ops.UnaryUnchangedStructureDataset):
     """The dataset, whose ``repeat()`` reads consecutive epochs from a native (checkpointed) range."""
 
-    def __init__(self, ds, repeat, batches):
+    def __init__(self, ds, repeat):
         self._repeat = repeat
-        self._npyfeed_batches = batches  # see _Gather
         super().__init__(ds, ds._variant_tensor)
 
     def repeat(self, count=None, name=None):

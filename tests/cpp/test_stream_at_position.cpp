@@ -1,8 +1,10 @@
 // StreamAtPosition (stream_at_position.hpp) over a fake stream that records what it was asked: the batch after
 // the last one given comes from the same stream; any other position, a new epoch, a failed batch or close()
 // starts a new one at that position; the last batch of an epoch lets the stream go; a throwing wait drops the
-// stream; racing threads are served one at a time, each with its batch.
+// stream; close() from another thread cuts a waiting take() short; racing threads are served one at a time,
+// each with its batch.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -11,6 +13,7 @@
 
 #include "check.hpp"
 #include "npyfeed/stream_at_position.hpp"
+#include "npyfeed/thread_pool.hpp"
 
 using namespace npyfeed;
 
@@ -23,17 +26,26 @@ struct Log {
   std::atomic<int> alive{0};
   std::uint64_t fail_epoch = UINT64_MAX;
   std::size_t fail_batch = 0;
+  std::atomic<bool> stall{false};  // next_job() hands out a job that never finishes
 };
 
 class FakeStream final : public EpochStream {
  public:
   FakeStream(Log& log, std::uint64_t epoch, std::size_t next) : log_(log), epoch_(epoch), next_(next) { ++log_.alive; }
-  ~FakeStream() override { --log_.alive; }
+  ~FakeStream() override {
+    if (stalled_) stalled_->wait_for(std::chrono::milliseconds(0));
+    --log_.alive;
+  }
   std::size_t num_batches() const noexcept override { return kBatches; }
   std::shared_ptr<Job> next_job() override {
-    if (next_ >= kBatches) return nullptr;
-    auto job = std::make_shared<Job>(0, [](std::size_t) {});
-    return job;
+    if (next_ >= kBatches || !log_.stall.load()) return nullptr;  // nothing to wait for
+    if (!stalled_) {                                              // a pool job that runs until the test lets it go
+      Log* log = &log_;
+      stalled_ = shared_pool().start(1, 1, [log](std::size_t) {
+        while (log->stall.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      });
+    }
+    return stalled_;
   }
   WindowBatch take() override {
     if (epoch_ == log_.fail_epoch && next_ == log_.fail_batch) {
@@ -50,6 +62,7 @@ class FakeStream final : public EpochStream {
   Log& log_;
   std::uint64_t epoch_;
   std::size_t next_;
+  std::shared_ptr<Job> stalled_;
 };
 
 StreamAtPosition::Make maker(Log& log) {
@@ -90,15 +103,31 @@ TEST_CASE("stream at position: a failed batch or a throwing wait drops the strea
   CHECK_EQ(count(at.take(1, 2)), 102u);  // asked again: a new stream there, which succeeds
   CHECK_EQ(at.streams_started(), 2u);
   int waits = 0;
-  const WaitFor interrupted = [&](Job&) {
-    ++waits;
-    throw std::runtime_error("interrupted");
+  const WhileWaiting interrupted = [&] {
+    if (++waits == 3) throw std::runtime_error("interrupted");
   };
-  CHECK_THROWS(std::runtime_error, at.take(1, 3, interrupted));
-  CHECK_EQ(waits, 1);
+  log.stall = true;
+  CHECK_THROWS(std::runtime_error, at.take(1, 3, interrupted));  // after three slices of waiting
+  log.stall = false;
+  CHECK_EQ(waits, 3);
   CHECK_EQ(log.alive.load(), 0);
   CHECK_EQ(count(at.take(1, 3)), 103u);
   CHECK_EQ(at.streams_started(), 3u);
+}
+
+TEST_CASE("stream at position: close() from another thread cuts a waiting take() short") {
+  Log log;
+  StreamAtPosition at(kBatches, maker(log));
+  log.stall = true;
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(120));
+    at.close();
+  });
+  CHECK_THROWS(Cancelled, at.take(0, 0));
+  log.stall = false;
+  closer.join();
+  CHECK_EQ(log.alive.load(), 0);
+  CHECK_EQ(count(at.take(0, 0)), 0u);  // later calls work again
 }
 
 TEST_CASE("stream at position: racing threads each get the batch they asked for") {

@@ -1,0 +1,53 @@
+// npyfeed.tf's feeds (npyfeed/tf_feed.hpp) for Python: a handle that registers a plan's feed and unregisters
+// it when it dies, and the address of the C table that npyfeed.tf hands to its op library.
+#include "npyfeed/tf_feed.hpp"
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "bind.hpp"
+#include "npyfeed/epoch_plan.hpp"
+
+namespace npyfeed::bindings {
+
+namespace py = pybind11;
+
+namespace {
+
+/// Python's handle on a registered feed: unregisters it at close() or when it dies, whichever comes first.
+class TfFeedHandle {
+ public:
+  TfFeedHandle(std::shared_ptr<TfFeed> feed, std::int64_t first_epoch)
+      : id_(register_tf_feed(std::move(feed), first_epoch)) {}
+  ~TfFeedHandle() { close(); }
+  TfFeedHandle(const TfFeedHandle&) = delete;
+  TfFeedHandle& operator=(const TfFeedHandle&) = delete;
+  std::int64_t id() const noexcept { return id_; }
+  void close() { unregister_tf_feed(id_); }
+
+ private:
+  std::int64_t id_;
+};
+
+TfFeedHandle* make_handle(std::shared_ptr<EpochPlan> plan, std::int64_t first_epoch) {
+  return new TfFeedHandle(std::make_shared<TfFeedOf<EpochPlan>>(std::move(plan)), first_epoch);
+}
+
+}  // namespace
+
+void bind_tf_feed(py::module_& m) {
+  py::class_<TfFeedHandle>(m, "TfFeed")
+      .def(py::init(&make_handle), py::arg("plan"), py::arg("first_epoch"))
+      .def_property_readonly("id", &TfFeedHandle::id)
+      .def("close", &TfFeedHandle::close);
+  m.attr("TF_FEED_ABI_VERSION") = NPYFEED_TF_FEED_ABI_VERSION;
+  m.def(
+      "tf_feed_api", [] { return reinterpret_cast<std::uintptr_t>(&tf_feed_api()); },
+      "Address of the NpyfeedTfFeedApi table (npyfeed/tf_feed_abi.h) for npyfeed.tf's op library.");
+  m.def("tf_feed_owners", &tf_feed_owners,
+        "Buffers (and id lists) the op library holds from take() and ids() and has not released (for tests).");
+}
+
+}  // namespace npyfeed::bindings

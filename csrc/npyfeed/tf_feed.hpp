@@ -1,0 +1,89 @@
+// The feeds npyfeed.tf's native ops read: a registry of feeds by id, and the table of C functions over it
+// (npyfeed/tf_feed_abi.h) that the TensorFlow op library (csrc/tf_ops/) calls. Part of the core that _core
+// links, so the op library holds no copy of it.
+//
+// Lifetime: whoever makes a feed registers it and unregisters it when the feed may no longer be asked (npyfeed.tf:
+// when the dataset, or the graph that captured its id, is gone). A graph holds only the id: a call with an
+// unregistered id fails with FAILED_PRECONDITION, and a call in flight holds the feed (its plan, source and
+// buffers) until it returns. The registry is never destroyed, so a TensorFlow thread still calling at process
+// exit finds it.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "npyfeed/errors.hpp"
+#include "npyfeed/tf_feed_abi.h"
+#include "npyfeed/window_source.hpp"
+
+namespace npyfeed {
+
+/// A plan without sample ids (shuffle="blocks" so far). Maps to UNIMPLEMENTED.
+class IdsNotSupported : public Error {
+ public:
+  IdsNotSupported() : Error("npyfeed.tf: sample ids are not supported yet for shuffle='blocks'") {}
+};
+
+/// A plan as the ops see it: batch b of epoch e, its sample ids, and the epoch of each new pass.
+class TfFeed {
+ public:
+  virtual ~TfFeed() = default;
+  virtual WindowBatch take(std::uint64_t epoch, std::size_t batch) = 0;
+  /// Throws IdsNotSupported where the plan has none.
+  virtual std::vector<std::int64_t> ids(std::uint64_t epoch, std::size_t batch) = 0;
+  virtual const WindowSource& source() const = 0;
+  /// Cuts a take() in flight short (it throws Cancelled); later ones work again.
+  virtual void close_plan() = 0;
+
+  /// The epoch of the next pass (each call a new one, from `first_epoch` on).
+  std::int64_t next_epoch() { return next_epoch_.fetch_add(1); }
+  /// A pass of epoch `epoch` was seen (a restored iterator): the next pass comes after it.
+  void seen_epoch(std::int64_t epoch);
+  void set_first_epoch(std::int64_t epoch) { next_epoch_.store(epoch); }
+  /// After close(), calls fail with CANCELLED; one waiting for its batch stops waiting (the plan's close()).
+  bool closed() const { return closed_.load(); }
+  void close() {
+    closed_.store(true);
+    close_plan();
+  }
+
+ private:
+  std::atomic<std::int64_t> next_epoch_{0};
+  std::atomic<bool> closed_{false};
+};
+
+/// Any plan with take(epoch, batch) -> WindowBatch, source() and close(); ids(epoch, batch) where it has them.
+/// The one place to name the plan type (EpochPlan).
+template <class Plan>
+class TfFeedOf final : public TfFeed {
+ public:
+  explicit TfFeedOf(std::shared_ptr<Plan> plan) : plan_(std::move(plan)) {}
+  WindowBatch take(std::uint64_t epoch, std::size_t batch) override { return plan_->take(epoch, batch); }
+  std::vector<std::int64_t> ids(std::uint64_t epoch, std::size_t batch) override {
+    if constexpr (requires(const Plan& p) { p.ids(epoch, batch); }) {
+      return plan_->ids(epoch, batch);
+    } else {
+      throw IdsNotSupported();
+    }
+  }
+  const WindowSource& source() const override { return plan_->source(); }
+  void close_plan() override { plan_->close(); }
+
+ private:
+  std::shared_ptr<Plan> plan_;
+};
+
+/// Registers `feed` (first pass: epoch `first_epoch`); returns its id (never reused in a process).
+std::int64_t register_tf_feed(std::shared_ptr<TfFeed> feed, std::int64_t first_epoch);
+/// Unregisters feed `id` and closes it (calls in flight fail once they return); null if it was not registered.
+std::shared_ptr<TfFeed> unregister_tf_feed(std::int64_t id);
+/// The table the op library calls (npyfeed/tf_feed_abi.h).
+const NpyfeedTfFeedApi& tf_feed_api() noexcept;
+/// Owners that take() and ids() handed out and nobody released yet (for tests: buffers TensorFlow holds).
+std::int64_t tf_feed_owners() noexcept;
+
+}  // namespace npyfeed

@@ -1,0 +1,63 @@
+/* The C ABI between _core and the TensorFlow op library (_tf_ops.so): a versioned table of functions that
+ * _core fills and the op library calls, so that the op library holds no copy of the core (one thread pool, one
+ * set of feeds). Plain C: the two sides may be built by different compilers or at different times.
+ *
+ * Feeds: _core keeps a registry of feeds by id (int64, never reused in a process). Python registers a feed when
+ * it builds a pipeline and unregisters it when the dataset (or the graph that captured it) is gone; the id is
+ * all a TensorFlow graph holds. A call with an id that is no longer registered fails (FAILED_PRECONDITION),
+ * it never reaches freed memory: a call in flight holds the feed itself until it returns.
+ *
+ * Errors: every function returns a TF_Code value (0 = OK, 1 CANCELLED, 3 INVALID_ARGUMENT, 5 NOT_FOUND,
+ * 9 FAILED_PRECONDITION, 2 UNKNOWN, ...); the message of the last failure on the calling thread is last_error().
+ */
+#ifndef NPYFEED_TF_FEED_ABI_H_
+#define NPYFEED_TF_FEED_ABI_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NPYFEED_TF_FEED_ABI_VERSION 1
+#define NPYFEED_TF_MAX_DIMS 32 /* numpy's limit on dimensions (NPY_MAXDIMS) */
+
+/* A batch: x and y are 64-byte aligned and owned by `owner` until release(owner). dims include the batch
+ * dimension (count). */
+typedef struct NpyfeedTfBatch {
+  void* x;
+  void* y;
+  size_t x_bytes;
+  size_t y_bytes;
+  int32_t item_size; /* 4: float32, 8: float64 */
+  int32_t x_rank;
+  int32_t y_rank;
+  int64_t x_dims[NPYFEED_TF_MAX_DIMS];
+  int64_t y_dims[NPYFEED_TF_MAX_DIMS];
+  void* x_owner;
+  void* y_owner;
+} NpyfeedTfBatch;
+
+typedef struct NpyfeedTfFeedApi {
+  uint32_t abi_version; /* NPYFEED_TF_FEED_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(NpyfeedTfFeedApi) */
+  /* Batch `batch` of epoch `epoch` of feed `feed`, complete. On OK, *out holds two owners to release. */
+  int (*take)(int64_t feed, uint64_t epoch, uint64_t batch, NpyfeedTfBatch* out);
+  /* The sample ids of that batch: *count of them at *data, owned by *owner until release(*owner). */
+  int (*ids)(int64_t feed, uint64_t epoch, uint64_t batch, const int64_t** data, size_t* count, void** owner);
+  /* The epoch of the feed's next pass (each call starts a new one). */
+  int (*next_epoch)(int64_t feed, int64_t* out);
+  /* A pass of epoch `epoch` was seen (a restored iterator): the next pass comes after it. */
+  int (*seen_epoch)(int64_t feed, int64_t epoch);
+  /* Gives back an owner from take(): the buffer returns to its pool once nothing else holds it. */
+  void (*release)(void* owner);
+  /* The message of the last failure on this thread (valid until the next call on it). */
+  const char* (*last_error)(void);
+} NpyfeedTfFeedApi;
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* NPYFEED_TF_FEED_ABI_H_ */
