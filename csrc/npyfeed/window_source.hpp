@@ -18,6 +18,7 @@
 #include "npyfeed/index.hpp"
 #include "npyfeed/npy_header.hpp"
 #include "npyfeed/thread_pool.hpp"
+#include "npyfeed/transform.hpp"
 
 namespace npyfeed {
 
@@ -48,6 +49,8 @@ struct WindowOptions {
   /// half of the physical memory.
   std::string npz_member;
   std::uint64_t npz_memory_limit = 0;
+  /// Column selection, NaN/inf replacement and normalisation in the gather (checked by finish_open).
+  TransformOptions transform;
 };
 
 /// A batch of `count` samples: x holds count * x_sample_bytes(), y count * y_sample_bytes(); owned and
@@ -78,13 +81,14 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   /// `owner` as long as this source (or a gather) needs it. Throws InvalidArgument.
   void set_memory_source(std::size_t key, bool label, std::shared_ptr<const void> owner, const std::byte* data,
                          std::vector<std::int64_t> shape, const std::string& typestr);
-  /// Checks shapes, dtypes and bounds (applying the policy). Throws FileNotFoundError-like OsError for
-  /// missing files (listing the first few), NpyFormatError, InvalidArgument, IndexOutOfRange.
+  /// Checks shapes, dtypes, the transform options against the rows (GatherTransform) and bounds (applying the
+  /// policy). Throws FileNotFoundError-like OsError for missing files (listing the first few), NpyFormatError,
+  /// InvalidArgument, IndexOutOfRange.
   void finish_open();
 
   std::size_t size() const noexcept { return size_; }
   std::size_t skipped() const noexcept { return skipped_; }
-  /// Per-sample shapes: (W, row shape...) and (label row shape...).
+  /// Per-sample shapes: (W, row shape...) and (label row shape...); a selected row is (columns,).
   std::vector<std::int64_t> x_shape() const;
   std::vector<std::int64_t> y_shape() const;
   std::uint64_t x_sample_bytes() const noexcept { return x_row_elems_ * window_ * options_.out_size; }
@@ -148,8 +152,9 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::size_t skipped_ = 0;
   std::uint64_t x_row_elems_ = 0;
   std::uint64_t y_row_elems_ = 0;
-  std::vector<std::int64_t> x_row_shape_;
+  std::vector<std::int64_t> x_row_shape_;  // of the arrays' rows
   std::vector<std::int64_t> y_row_shape_;
+  GatherTransform transform_;  // the arrays' rows to the output's
   bool keep_fds_ = true;
   std::shared_ptr<MappingCache> mappings_;  // mmap with more files than the mapping budget, else null
   std::size_t gather_workers_ = 1;  // threads x the reads in flight any reader asks for, within the descriptor budget

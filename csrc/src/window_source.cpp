@@ -223,20 +223,19 @@ void WindowSource::finish_open() {
       }
     }
   }
-  x_row_elems_ = 1;
-  for (auto d : x_row_shape_) x_row_elems_ *= static_cast<std::uint64_t>(d);
-  y_row_elems_ = 1;
-  for (auto d : y_row_shape_) y_row_elems_ *= static_cast<std::uint64_t>(d);
+  if (index_.size() == 0) {
+    std::string names;
+    for (const auto& n : index_.sources) names += (names.empty() ? "" : ", ") + n;
+    throw InvalidArgument("the index is empty (" + names + ")");
+  }
+  transform_ = GatherTransform(options_.transform, x_row_shape_, y_row_shape_, options_.out_size);
+  x_row_elems_ = transform_.x().out_elems();
+  y_row_elems_ = transform_.y().out_elems();
   // One sample must be addressable: W * row * itemsize in 63 bits (the rows themselves fit, being in a file).
   unsigned __int128 sample_bytes = static_cast<unsigned __int128>(window_) * x_row_elems_ * options_.out_size;
   if (sample_bytes > static_cast<unsigned __int128>(INT64_MAX) / 65536) {
     throw InvalidArgument("window " + std::to_string(window_) + " is too large for rows of " +
                           std::to_string(x_row_elems_) + " elements");
-  }
-  if (index_.size() == 0) {
-    std::string names;
-    for (const auto& n : index_.sources) names += (names.empty() ? "" : ", ") + n;
-    throw InvalidArgument("the index is empty (" + names + ")");
   }
 
   // One pass over the index, which stays where it is (a shared mapping, usually): only dropped positions
@@ -308,11 +307,11 @@ void WindowSource::finish_open() {
 
 std::vector<std::int64_t> WindowSource::x_shape() const {
   std::vector<std::int64_t> s{window_};
-  s.insert(s.end(), x_row_shape_.begin(), x_row_shape_.end());
+  s.insert(s.end(), transform_.x_row_shape().begin(), transform_.x_row_shape().end());
   return s;
 }
 
-std::vector<std::int64_t> WindowSource::y_shape() const { return y_row_shape_; }
+std::vector<std::int64_t> WindowSource::y_shape() const { return transform_.y_row_shape(); }
 
 // Sample p is index position p + j, where j counts the dropped positions before it: dropped_[k] has k dropped
 // before it and dropped_[k] - k kept ones, so j is the number of k with dropped_[k] - k <= p.
@@ -396,7 +395,7 @@ std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<st
     (*samples)[b] = sample(static_cast<std::size_t>(sample_ids[b]));
     sample_ids[b] = static_cast<std::int64_t>(b);
   }
-  GatherInput input{&factors_, &labels_, samples.get(), window_, options_.out_size, x_row_elems_, y_row_elems_};
+  GatherInput input{&factors_, &labels_, samples.get(), window_, options_.out_size, &transform_};
   if (arrays != nullptr) {
     input.factors = &arrays->factors;
     input.labels = &arrays->labels;

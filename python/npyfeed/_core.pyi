@@ -120,6 +120,7 @@ def open_window_files(
     io_priority: tuple[int, int] | None = None,
     npz_member: str = "",
     npz_memory_limit: int = 0,
+    transform: dict | None = None,
 ) -> WindowSourceCore: ...
 def window_source_from_arrays(
     index: SampleIndex,
@@ -132,5 +133,6 @@ def window_source_from_arrays(
     cpus: Sequence[int] = ...,
     nice: int | None = None,
     io_priority: tuple[int, int] | None = None,
+    transform: dict | None = None,
 ) -> WindowSourceCore: ...
 def epoch_order(n: int, shuffle: bool, seed: int, epoch: int, num_shards: int, shard_index: int) -> np.ndarray: ...

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import _core
 from ._threads import resolve_placement, resolve_threads
+from ._transform import transform_spec
 from .loading import _fspath, _native, _resolve_mode
 from .warm import cache_dir as _default_cache_dir
 
@@ -121,6 +122,24 @@ class WindowSource:
         misaligned, or ``mode`` other than ``"mmap"``) once, at construction, and held in memory for the
         source's life. This caps their total size in bytes (default: half the physical memory); going over
         raises ``ValueError`` naming the file.
+    features : sequence of int or slice, optional
+        The factor columns to read (the last axis of ``(T, F)`` files; of the flattened row for N-d rows), in
+        any order, repeats allowed, negative values counting from the end: ``x_shape`` becomes
+        ``(W, len(features))`` and ``x[b, w] == factor[t][features]``. Only those columns are copied (and read,
+        from Fortran-order files). Default: every column, rows as stored.
+    label_columns : sequence of int or slice, optional
+        The same for the label rows: ``y_shape`` becomes ``(len(label_columns),)``.
+    nan, posinf, neginf : float, optional
+        Replace NaN, +inf and -inf in the output (factor and label rows alike), in the same pass, exactly as
+        ``np.nan_to_num(x, nan=nan, posinf=posinf, neginf=neginf)`` does on the converted (`dtype`) output;
+        a value converts to `dtype` first. ``None`` (the default) keeps them.
+    normalize : (mean, std), optional
+        Standardise the factor rows: ``(x - mean) / std`` computed in `dtype` (`mean` and `std` are converted
+        to it first), after the replacement. Each is one value per selected feature, shape
+        ``(len(features),)`` (or any shape numpy broadcasts to the output row, a scalar included); `mean` must
+        be finite and `std` positive and finite in `dtype`. Labels are never normalised (a loss usually wants
+        them in their own units; scale them with the model's output). Rows that ``bounds="pad"`` adds
+        outside an array stay zeros.
 
     Raises
     ------
@@ -128,20 +147,38 @@ class WindowSource:
         Keys whose factor or label file is missing (the first few are listed).
     ValueError
         A malformed index line (file and line named), files whose row shapes differ, bad arguments (`cpus`
-        this process cannot use among them).
+        this process cannot use among them; a column of `features` or `label_columns` out of range; a `mean`
+        or `std` of the wrong shape or dtype, a std that is not positive and finite), each naming the
+        argument and the value.
+    TypeError
+        A `features` or `label_columns` that is not a sequence of integers or a slice, a replacement that is
+        not a float, a `normalize` that is not a pair.
     PermissionError
         A `nice` or `io_priority` that needs privileges this process lacks.
     IndexError
         With ``bounds="error"``, the first sample outside its arrays.
     NpyFormatError, OSError
         A corrupt or unreadable data file.
+
+    Examples
+    --------
+    A quarter of the factors, NaN as 0, infinities clipped, standardised per feature:
+
+    >>> src = WindowSource("train.idx", "factors", "labels", 100, features=slice(0, 64), nan=0.0,
+    ...                    posinf=1e6, neginf=-1e6, normalize=(mean[:64], std[:64]),
+    ...                    label_columns=[2])  # doctest: +SKIP
+    >>> src.x_shape, src.y_shape  # doctest: +SKIP
+    ((100, 64), (1,))
     """
 
     def __init__(self, index_files, factor_dir, label_dir, window: int, *, mode: str = "auto",
                  threads: int | None = None, dtype="float32", bounds: str = "error", max_header_size: int = 10000,
                  cpus=None, nice: int | None = None, io_priority=None, cache: bool = True, cache_dir=None,
-                 member: str | None = None, npz_memory_limit: int | None = None):
+                 member: str | None = None, npz_memory_limit: int | None = None, features=None,
+                 label_columns=None, nan: float | None = None, posinf: float | None = None,
+                 neginf: float | None = None, normalize=None):
         window, out_dtype = _check_common(window, dtype, bounds)
+        transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
         core_mode = _resolve_mode(mode, auto="mmap")
         placement = resolve_placement(cpus, nice, io_priority)
         nthreads = resolve_threads(threads, placement.get("cpus"))
@@ -152,7 +189,7 @@ class WindowSource:
         label_paths = [os.path.join(label_dir, k + ".npy") for k in keys]
         core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, _dtype_name(out_dtype), bounds, core_mode,
                                        nthreads, max_header_size, **placement, npz_member=member or "",
-                                       npz_memory_limit=npz_memory_limit or 0)
+                                       npz_memory_limit=npz_memory_limit or 0, transform=transform)
         self._init(core, index, window, out_dtype, core_mode, nthreads)
         self._index_cache, self._index_built = index_cache, built
         # The files read: `<k>.npz` where the source fell back to it (one stat each, after a successful open).
@@ -162,7 +199,9 @@ class WindowSource:
     @classmethod
     def from_arrays(cls, index, factors: Mapping, labels: Mapping, window: int, *, threads: int | None = None,
                     dtype="float32", bounds: str = "error", cpus=None, nice: int | None = None,
-                    io_priority=None, cache: bool = True, cache_dir=None) -> WindowSource:
+                    io_priority=None, cache: bool = True, cache_dir=None, features=None, label_columns=None,
+                    nan: float | None = None, posinf: float | None = None, neginf: float | None = None,
+                    normalize=None) -> WindowSource:
         """Window samples over arrays already in memory, e.g. the dict from `load_factor_files`.
 
         Parameters
@@ -175,8 +214,21 @@ class WindowSource:
             ``mode`` attribute says ``"memory"``.
         cache, cache_dir
             For index files, as for `WindowSource` (a list of tuples is never cached).
+        features, label_columns, nan, posinf, neginf, normalize
+            As for `WindowSource`.
+
+        Examples
+        --------
+        >>> factors = {"a": np.array([[1.0, np.nan], [np.inf, 4.0], [5.0, 6.0]], dtype=np.float32)}
+        >>> labels = {"a": np.arange(6.0).reshape(3, 2)}
+        >>> src = WindowSource.from_arrays([(2, 2, "a")], factors, labels, 2, features=[1, 0], nan=0.0,
+        ...                                posinf=9.0, label_columns=[1])
+        >>> x, y = src.get([0])
+        >>> x.tolist(), y.tolist()
+        ([[[4.0, 9.0], [6.0, 5.0]]], [[5.0]])
         """
         window, out_dtype = _check_common(window, dtype, bounds)
+        transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
         placement = resolve_placement(cpus, nice, io_priority)
         nthreads = resolve_threads(threads, placement.get("cpus"))
         if isinstance(index, (str, bytes, os.PathLike)) or (
@@ -194,7 +246,8 @@ class WindowSource:
         label_arrays = [np.ascontiguousarray(labels[k]) for k in keys]
         # The core reads these arrays in place and keeps them alive itself, as long as it needs them.
         core = _core.window_source_from_arrays(core_index, factor_arrays, label_arrays, window,
-                                               _dtype_name(out_dtype), bounds, nthreads, **placement)
+                                               _dtype_name(out_dtype), bounds, nthreads, **placement,
+                                               transform=transform)
         self = cls.__new__(cls)
         self._init(core, core_index, window, out_dtype, "memory", nthreads)
         self._index_cache, self._index_built = index_cache, built

@@ -1,0 +1,274 @@
+#include "npyfeed/transform.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <utility>
+
+#include "npyfeed/detail/convert.hpp"
+#include "npyfeed/errors.hpp"
+
+namespace npyfeed {
+
+namespace {
+
+enum : unsigned { kNan = 1, kPosinf = 2, kNeginf = 4, kNormalize = 8 };
+
+// Shortest text that reads back as `v` (as Python's repr of a float).
+std::string number_text(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[40];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& s) {  // as Python prints a tuple
+  std::string t = "(";
+  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + (s.size() == 1 ? ",)" : ")");
+}
+
+std::uint64_t elems_of(const std::vector<std::int64_t>& shape) {
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
+// `values` of `shape` broadcast (numpy's rules, the row's shape unchanged) to a row of `row_shape`, flattened.
+std::vector<double> broadcast_to_row(const std::vector<double>& values, const std::vector<std::int64_t>& shape,
+                                     const std::vector<std::int64_t>& row_shape, const std::string& what) {
+  const std::size_t nd = row_shape.size();
+  bool fits = shape.size() <= nd && values.size() == elems_of(shape);
+  for (std::size_t k = 0; fits && k < shape.size(); ++k) {
+    const std::int64_t d = shape[shape.size() - 1 - k];
+    fits = d == 1 || d == row_shape[nd - 1 - k];
+  }
+  if (!fits) {
+    throw InvalidArgument("normalize: " + what + " of shape " + shape_text(shape) +
+                          " does not broadcast to the rows of shape " + shape_text(row_shape) +
+                          " (one value per selected feature, or a shape numpy broadcasts to the row)");
+  }
+  const std::uint64_t n = elems_of(row_shape);
+  std::vector<double> out(n);
+  std::vector<std::int64_t> at(nd, 0);  // multi-index of element e of the row
+  for (std::uint64_t e = 0; e < n; ++e) {
+    std::uint64_t flat = 0;
+    for (std::size_t k = 0; k < shape.size(); ++k) {
+      const std::int64_t d = shape[k];
+      const std::int64_t i = d == 1 ? 0 : at[nd - shape.size() + k];
+      flat = flat * static_cast<std::uint64_t>(d) + static_cast<std::uint64_t>(i);
+    }
+    out[e] = values[flat];
+    for (std::size_t k = nd; k-- > 0;) {
+      if (++at[k] < row_shape[k]) break;
+      at[k] = 0;
+    }
+  }
+  return out;
+}
+
+template <class Out>
+struct FinishArgs {
+  Out nan, posinf, neginf;
+  const Out* mean;
+  const Out* std;
+  std::uint64_t elems;  // per row
+};
+
+// One branch-free loop per combination of options, so each vectorises on its own.
+template <class Out, unsigned F>
+void finish_rows(const FinishArgs<Out>& a, Out* dst, std::uint64_t rows) {
+  constexpr Out kInf = std::numeric_limits<Out>::infinity();
+  for (std::uint64_t r = 0; r < rows; ++r) {
+    Out* row = dst + r * a.elems;
+    for (std::uint64_t j = 0; j < a.elems; ++j) {
+      Out v = row[j];
+      if constexpr ((F & kNan) != 0) v = v != v ? a.nan : v;
+      if constexpr ((F & kPosinf) != 0) v = v == kInf ? a.posinf : v;
+      if constexpr ((F & kNeginf) != 0) v = v == -kInf ? a.neginf : v;
+      if constexpr ((F & kNormalize) != 0) v = (v - a.mean[j]) / a.std[j];
+      row[j] = v;
+    }
+  }
+}
+
+template <class Out, std::size_t... I>
+constexpr auto finish_table(std::index_sequence<I...>) {
+  return std::array<void (*)(const FinishArgs<Out>&, Out*, std::uint64_t), sizeof...(I)>{&finish_rows<Out, I>...};
+}
+
+}  // namespace
+
+std::vector<std::int64_t> ColumnSpec::resolve(std::uint64_t length, const std::string& argument) const {
+  const auto n = static_cast<std::int64_t>(length);
+  std::vector<std::int64_t> out;
+  switch (kind) {
+    case Kind::kAll:
+      out.resize(length);
+      for (std::int64_t c = 0; c < n; ++c) out[static_cast<std::size_t>(c)] = c;
+      return out;
+    case Kind::kList:
+      out.reserve(list.size());
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        const std::int64_t c = list[i];
+        if (c < -n || c >= n) {
+          throw InvalidArgument(argument + ": column " + std::to_string(c) + " (position " + std::to_string(i) +
+                                ") is out of range for rows of " + std::to_string(n) + " columns");
+        }
+        out.push_back(c < 0 ? c + n : c);
+      }
+      break;
+    case Kind::kSlice: {
+      // Python's slice.indices(length).
+      const std::int64_t s = step.value_or(1);
+      if (s == 0) throw InvalidArgument(argument + ": slice step cannot be zero");
+      const std::int64_t lower = s > 0 ? 0 : -1;
+      const std::int64_t upper = s > 0 ? n : n - 1;
+      auto clamp = [&](std::optional<std::int64_t> v, std::int64_t none) {
+        if (!v) return none;
+        std::int64_t x = *v;
+        if (x < 0) {
+          x = x < -n ? lower : x + n;
+          return std::max(x, lower);
+        }
+        return std::min(x, upper);
+      };
+      const std::int64_t first = clamp(start, s > 0 ? lower : upper);
+      const std::int64_t last = clamp(stop, s > 0 ? upper : lower);
+      for (std::int64_t c = first; s > 0 ? c < last : c > last; c += s) out.push_back(c);
+      if (out.empty()) {
+        auto part = [](std::optional<std::int64_t> v) { return v ? std::to_string(*v) : std::string("None"); };
+        throw InvalidArgument(argument + ": slice(" + part(start) + ", " + part(stop) + ", " + part(step) +
+                              ") selects no columns of rows of " + std::to_string(n) + " columns");
+      }
+      return out;
+    }
+  }
+  if (out.empty()) throw InvalidArgument(argument + ": selects no columns (give at least one)");
+  return out;
+}
+
+RowTransform::RowTransform(std::uint64_t src_elems, std::vector<std::int64_t> columns, bool select,
+                           const TransformOptions& o, std::vector<double> mean, std::vector<double> std)
+    : src_elems_(src_elems), out_elems_(select ? columns.size() : src_elems), select_(select) {
+  for (std::size_t j = 0; select_ && j < columns.size(); ++j) {
+    const auto c = static_cast<std::uint64_t>(columns[j]);
+    if (!runs_.empty() && runs_.back().src + runs_.back().len == c && runs_.back().dst + runs_.back().len == j) {
+      ++runs_.back().len;
+    } else {
+      runs_.push_back({c, j, 1});
+    }
+    needed_.push_back(c);
+  }
+  std::sort(needed_.begin(), needed_.end());
+  needed_.erase(std::unique(needed_.begin(), needed_.end()), needed_.end());
+  // Many short runs (a scattered list): one index per output column instead, a loop the compiler can vectorise.
+  if (select_ && runs_.size() * 4 > out_elems_ && src_elems_ <= UINT32_MAX) {
+    gather_.assign(columns.begin(), columns.end());
+  }
+  if (o.nan) flags_ |= kNan, nan_ = *o.nan;
+  if (o.posinf) flags_ |= kPosinf, posinf_ = *o.posinf;
+  if (o.neginf) flags_ |= kNeginf, neginf_ = *o.neginf;
+  if (!mean.empty()) {
+    flags_ |= kNormalize;
+    mean64_ = std::move(mean);
+    std64_ = std::move(std);
+    mean32_.assign(mean64_.begin(), mean64_.end());
+    std32_.assign(std64_.begin(), std64_.end());
+  }
+}
+
+template <class Out>
+void RowTransform::finish(Out* dst, std::uint64_t rows) const {
+  if (flags_ == 0) return;
+  static constexpr auto table = finish_table<Out>(std::make_index_sequence<16>());
+  FinishArgs<Out> a{static_cast<Out>(nan_), static_cast<Out>(posinf_), static_cast<Out>(neginf_), nullptr, nullptr,
+                    out_elems_};
+  if constexpr (sizeof(Out) == 4) {
+    a.mean = mean32_.data();
+    a.std = std32_.data();
+  } else {
+    a.mean = mean64_.data();
+    a.std = std64_.data();
+  }
+  table[flags_](a, dst, rows);
+}
+
+template <class Out>
+void RowTransform::apply(const std::byte* src, const ScalarType& type, std::uint64_t rows, Out* dst) const {
+  if (!select_) {
+    detail::convert(src, type, rows * src_elems_, dst);
+  } else {
+    const std::uint64_t isz = type.size;
+    const std::uint64_t row_bytes = src_elems_ * isz;
+    const bool native = type.kind == 'f' && type.size == sizeof(Out) && !type.swapped &&
+                        reinterpret_cast<std::uintptr_t>(src) % alignof(Out) == 0;
+    if (!gather_.empty() && native) {
+      const std::uint32_t* cols = gather_.data();
+      for (std::uint64_t r = 0; r < rows; ++r) {
+        const Out* s = reinterpret_cast<const Out*>(src + r * row_bytes);
+        Out* d = dst + r * out_elems_;
+        for (std::uint64_t j = 0; j < out_elems_; ++j) d[j] = s[cols[j]];
+      }
+    } else {
+      for (std::uint64_t r = 0; r < rows; ++r) {
+        const std::byte* s = src + r * row_bytes;
+        Out* d = dst + r * out_elems_;
+        for (const ColumnRun& run : runs_) detail::convert(s + run.src * isz, type, run.len, d + run.dst);
+      }
+    }
+  }
+  finish(dst, rows);
+}
+
+template void RowTransform::apply<float>(const std::byte*, const ScalarType&, std::uint64_t, float*) const;
+template void RowTransform::apply<double>(const std::byte*, const ScalarType&, std::uint64_t, double*) const;
+template void RowTransform::finish<float>(float*, std::uint64_t) const;
+template void RowTransform::finish<double>(double*, std::uint64_t) const;
+
+GatherTransform::GatherTransform(const TransformOptions& o, const std::vector<std::int64_t>& x_row_shape,
+                                 const std::vector<std::int64_t>& y_row_shape, std::uint32_t out_size) {
+  const std::uint64_t x_elems = elems_of(x_row_shape);
+  const std::uint64_t y_elems = elems_of(y_row_shape);
+  const bool select_x = o.features.kind != ColumnSpec::Kind::kAll;
+  const bool select_y = o.label_columns.kind != ColumnSpec::Kind::kAll;
+  std::vector<std::int64_t> x_cols, y_cols;
+  if (select_x) x_cols = o.features.resolve(x_elems, "features");
+  if (select_y) y_cols = o.label_columns.resolve(y_elems, "label_columns");
+  x_shape_ = select_x ? std::vector<std::int64_t>{static_cast<std::int64_t>(x_cols.size())} : x_row_shape;
+  y_shape_ = select_y ? std::vector<std::int64_t>{static_cast<std::int64_t>(y_cols.size())} : y_row_shape;
+
+  std::vector<double> mean, std;
+  if (o.normalize) {
+    mean = broadcast_to_row(o.mean, o.mean_shape, x_shape_, "mean");
+    std = broadcast_to_row(o.std, o.std_shape, x_shape_, "std");
+    // Finite in the output dtype too (1e300 is infinite as a float32, and 1e-50 a zero std).
+    auto finite_out = [&](double v) { return out_size == 4 ? std::isfinite(static_cast<float>(v)) : std::isfinite(v); };
+    const std::string as_out = out_size == 4 ? " as a float32" : "";
+    for (std::size_t i = 0; i < o.mean.size(); ++i) {
+      if (!finite_out(o.mean[i])) {
+        throw InvalidArgument("normalize: mean[" + std::to_string(i) + "] is " + number_text(o.mean[i]) +
+                              " (the mean must be finite" + as_out + ")");
+      }
+    }
+    for (std::size_t i = 0; i < o.std.size(); ++i) {
+      const double s = o.std[i];
+      if (!finite_out(s) || !(out_size == 4 ? static_cast<float>(s) > 0 : s > 0)) {
+        throw InvalidArgument("normalize: std[" + std::to_string(i) + "] is " + number_text(s) +
+                              " (the std must be positive and finite" + as_out + ")");
+      }
+    }
+  }
+  x_ = RowTransform(x_elems, std::move(x_cols), select_x, o, std::move(mean), std::move(std));
+  y_ = RowTransform(y_elems, std::move(y_cols), select_y, o, {}, {});
+}
+
+}  // namespace npyfeed
