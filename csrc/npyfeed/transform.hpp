@@ -82,6 +82,9 @@ class RowTransform {
   /// Replacement and normalisation over `rows` output rows already converted (and selected) at `dst`.
   template <class Out>
   void finish(Out* dst, std::uint64_t rows) const;
+  /// The same from `src` (rows already in the output type and layout) into `dst`: one pass, no copy first.
+  template <class Out>
+  void finish_from(const Out* src, Out* dst, std::uint64_t rows) const;
 
  private:
   std::uint64_t src_elems_ = 0;

@@ -83,18 +83,27 @@ struct FinishArgs {
   std::uint64_t elems;  // per row
 };
 
-// One branch-free loop per combination of options, so each vectorises on its own.
+// One branch-free loop per combination of options, so each vectorises on its own; from `src` (rows already in
+// the output type: the source's own elements, or `dst` itself) to `dst`, so that a source stored as the output
+// wants it is read once, not copied and then passed over again.
+// The arguments are copied into locals first: the stores could otherwise alias them, and reloading them for every
+// element keeps the loop scalar.
 template <class Out, unsigned F>
-void finish_rows(const FinishArgs<Out>& a, Out* dst, std::uint64_t rows) {
+void finish_rows(const FinishArgs<Out>& a, const Out* src, Out* dst, std::uint64_t rows) {
   constexpr Out kInf = std::numeric_limits<Out>::infinity();
+  const Out nan = a.nan, posinf = a.posinf, neginf = a.neginf;
+  const Out* const mean = a.mean;
+  const Out* const std = a.std;
+  const std::uint64_t n = a.elems;
   for (std::uint64_t r = 0; r < rows; ++r) {
-    Out* row = dst + r * a.elems;
-    for (std::uint64_t j = 0; j < a.elems; ++j) {
-      Out v = row[j];
-      if constexpr ((F & kNan) != 0) v = v != v ? a.nan : v;
-      if constexpr ((F & kPosinf) != 0) v = v == kInf ? a.posinf : v;
-      if constexpr ((F & kNeginf) != 0) v = v == -kInf ? a.neginf : v;
-      if constexpr ((F & kNormalize) != 0) v = (v - a.mean[j]) / a.std[j];
+    const Out* in = src + r * n;
+    Out* row = dst + r * n;
+    for (std::uint64_t j = 0; j < n; ++j) {
+      Out v = in[j];
+      if constexpr ((F & kNan) != 0) v = v != v ? nan : v;
+      if constexpr ((F & kPosinf) != 0) v = v == kInf ? posinf : v;
+      if constexpr ((F & kNeginf) != 0) v = v == -kInf ? neginf : v;
+      if constexpr ((F & kNormalize) != 0) v = (v - mean[j]) / std[j];
       row[j] = v;
     }
   }
@@ -102,7 +111,8 @@ void finish_rows(const FinishArgs<Out>& a, Out* dst, std::uint64_t rows) {
 
 template <class Out, std::size_t... I>
 constexpr auto finish_table(std::index_sequence<I...>) {
-  return std::array<void (*)(const FinishArgs<Out>&, Out*, std::uint64_t), sizeof...(I)>{&finish_rows<Out, I>...};
+  return std::array<void (*)(const FinishArgs<Out>&, const Out*, Out*, std::uint64_t), sizeof...(I)>{
+      &finish_rows<Out, I>...};
 }
 
 }  // namespace
@@ -188,6 +198,11 @@ RowTransform::RowTransform(std::uint64_t src_elems, std::vector<std::int64_t> co
 
 template <class Out>
 void RowTransform::finish(Out* dst, std::uint64_t rows) const {
+  finish_from(dst, dst, rows);
+}
+
+template <class Out>
+void RowTransform::finish_from(const Out* src, Out* dst, std::uint64_t rows) const {
   if (flags_ == 0) return;
   static constexpr auto table = finish_table<Out>(std::make_index_sequence<16>());
   FinishArgs<Out> a{static_cast<Out>(nan_), static_cast<Out>(posinf_), static_cast<Out>(neginf_), nullptr, nullptr,
@@ -199,40 +214,50 @@ void RowTransform::finish(Out* dst, std::uint64_t rows) const {
     a.mean = mean64_.data();
     a.std = std64_.data();
   }
-  table[flags_](a, dst, rows);
+  table[flags_](a, src, dst, rows);
 }
 
 template <class Out>
 void RowTransform::apply(const std::byte* src, const ScalarType& type, std::uint64_t rows, Out* dst) const {
+  const bool native = type.kind == 'f' && type.size == sizeof(Out) && !type.swapped &&
+                      reinterpret_cast<std::uintptr_t>(src) % alignof(Out) == 0;
   if (!select_) {
-    detail::convert(src, type, rows * src_elems_, dst);
-  } else {
-    const std::uint64_t isz = type.size;
-    const std::uint64_t row_bytes = src_elems_ * isz;
-    const bool native = type.kind == 'f' && type.size == sizeof(Out) && !type.swapped &&
-                        reinterpret_cast<std::uintptr_t>(src) % alignof(Out) == 0;
-    if (!gather_.empty() && native) {
-      const std::uint32_t* cols = gather_.data();
-      for (std::uint64_t r = 0; r < rows; ++r) {
-        const Out* s = reinterpret_cast<const Out*>(src + r * row_bytes);
-        Out* d = dst + r * out_elems_;
-        for (std::uint64_t j = 0; j < out_elems_; ++j) d[j] = s[cols[j]];
-      }
-    } else {
-      for (std::uint64_t r = 0; r < rows; ++r) {
-        const std::byte* s = src + r * row_bytes;
-        Out* d = dst + r * out_elems_;
-        for (const ColumnRun& run : runs_) detail::convert(s + run.src * isz, type, run.len, d + run.dst);
-      }
+    if (flags_ == 0) return detail::convert(src, type, rows * src_elems_, dst);  // the plain gather, unchanged
+    if (native) return finish_from(reinterpret_cast<const Out*>(src), dst, rows);  // one pass, source to batch
+    // Converted a few rows at a time, each finished while it is still in cache.
+    const std::uint64_t chunk = std::max<std::uint64_t>(1, 4096 / std::max<std::uint64_t>(src_elems_, 1));
+    for (std::uint64_t r = 0; r < rows; r += chunk) {
+      const std::uint64_t n = std::min(chunk, rows - r);
+      Out* d = dst + r * src_elems_;
+      detail::convert(src + r * src_elems_ * type.size, type, n * src_elems_, d);
+      finish(d, n);
     }
+    return;
   }
-  finish(dst, rows);
+  // A selection: row by row, each finished at once (a row of the output is short, and in cache).
+  const std::uint64_t isz = type.size;
+  const std::uint64_t row_bytes = src_elems_ * isz;
+  const bool gather = !gather_.empty() && native;
+  const std::uint32_t* cols = gather_.data();
+  for (std::uint64_t r = 0; r < rows; ++r) {
+    const std::byte* s = src + r * row_bytes;
+    Out* d = dst + r * out_elems_;
+    if (gather) {
+      const Out* in = reinterpret_cast<const Out*>(s);
+      for (std::uint64_t j = 0; j < out_elems_; ++j) d[j] = in[cols[j]];
+    } else {
+      for (const ColumnRun& run : runs_) detail::convert(s + run.src * isz, type, run.len, d + run.dst);
+    }
+    finish(d, 1);
+  }
 }
 
 template void RowTransform::apply<float>(const std::byte*, const ScalarType&, std::uint64_t, float*) const;
 template void RowTransform::apply<double>(const std::byte*, const ScalarType&, std::uint64_t, double*) const;
 template void RowTransform::finish<float>(float*, std::uint64_t) const;
 template void RowTransform::finish<double>(double*, std::uint64_t) const;
+template void RowTransform::finish_from<float>(const float*, float*, std::uint64_t) const;
+template void RowTransform::finish_from<double>(const double*, double*, std::uint64_t) const;
 
 GatherTransform::GatherTransform(const TransformOptions& o, const std::vector<std::int64_t>& x_row_shape,
                                  const std::vector<std::int64_t>& y_row_shape, std::uint32_t out_size) {
