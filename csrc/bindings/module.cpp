@@ -409,9 +409,11 @@ TransformOptions transform_options(const py::object& spec) {
 WindowOptions window_options(std::int64_t window, const std::string& dtype, const std::string& bounds,
                              const std::string& mode, std::size_t threads, std::size_t max_header_size,
                              const Placement& placement, const std::string& npz_member = "",
-                             std::uint64_t npz_memory_limit = 0, const py::object& transform = py::none()) {
+                             std::uint64_t npz_memory_limit = 0, const py::object& transform = py::none(),
+                             std::optional<std::pair<std::int64_t, std::int64_t>> dense = std::nullopt) {
   WindowOptions o;
   o.transform = transform_options(transform);
+  if (dense) o.dense = DenseOptions{dense->first, dense->second};  // (stride, horizon)
   o.window = window;
   o.out_size = parse_out_dtype(dtype);
   o.bounds = parse_bounds(bounds);
@@ -474,10 +476,11 @@ std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::v
                                                 const std::string& mode, std::size_t threads,
                                                 std::size_t max_header_size, const Placement& placement,
                                                 const std::string& npz_member, std::uint64_t npz_memory_limit,
-                                                const py::object& transform) {
-  auto source = std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads,
-                                                                     max_header_size, placement, npz_member,
-                                                                     npz_memory_limit, transform));
+                                                const py::object& transform,
+                                                std::optional<std::pair<std::int64_t, std::int64_t>> dense) {
+  auto source =
+      std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size,
+                                                           placement, npz_member, npz_memory_limit, transform, dense));
   wait_interruptibly(without_gil([&] {
     return source->start_open(shared_pool(0, placement), factor_paths, label_paths);  // checks the placement first
   }));
@@ -517,7 +520,8 @@ std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, cons
                                                         const py::object& transform) {
   without_gil([&] { shared_pool(0, placement); });  // checks the placement
   auto source = std::make_shared<WindowSource>(
-      index, window_options(window, dtype, bounds, "mmap", threads, kDefaultMaxHeaderSize, placement, "", 0, transform));
+      index,
+      window_options(window, dtype, bounds, "mmap", threads, kDefaultMaxHeaderSize, placement, "", 0, transform));
   if (factors.size() != index.keys.size() || labels.size() != index.keys.size()) {
     throw InvalidArgument("one factor and one label array per key are needed");
   }
@@ -660,6 +664,18 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("feature_index"), py::arg("label_index"), py::arg("keys"), py::arg("name"));
 
+  // The index of a dense source (WindowSource.dense): its keys, no samples (the windows are per-key ranges).
+  m.def(
+      "dense_index",
+      [](const std::vector<std::string>& keys, const std::string& name) {
+        SampleIndex index;
+        index.keys = keys;
+        index.sources.push_back(name);
+        index.finish();
+        return index;
+      },
+      py::arg("keys"), py::arg("name"));
+
   py::class_<WindowSource, std::shared_ptr<WindowSource>>(m, "WindowSourceCore")
       .def("__len__", &WindowSource::size)
       .def_property_readonly("skipped", &WindowSource::skipped)
@@ -761,16 +777,17 @@ PYBIND11_MODULE(_core, m) {
       [](SampleIndex& index, const std::vector<std::string>& factor_paths, const std::vector<std::string>& label_paths,
          std::int64_t window, const std::string& dtype, const std::string& bounds, const std::string& mode,
          std::size_t threads, std::size_t max_header_size, const std::vector<int>& cpus, std::optional<int> nice,
-         std::optional<std::pair<int, int>> io_priority, const std::string& npz_member,
-         std::uint64_t npz_memory_limit, const py::object& transform) {
+         std::optional<std::pair<int, int>> io_priority, const std::string& npz_member, std::uint64_t npz_memory_limit,
+         const py::object& transform, std::optional<std::pair<std::int64_t, std::int64_t>> dense) {
         return open_window_files(index, factor_paths, label_paths, window, dtype, bounds, mode, threads,
                                  max_header_size, placement_of(cpus, nice, io_priority), npz_member, npz_memory_limit,
-                                 transform);
+                                 transform, dense);
       },
       py::arg("index"), py::arg("factor_paths"), py::arg("label_paths"), py::arg("window"), py::arg("dtype"),
       py::arg("bounds"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"),
       py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(), py::arg("io_priority") = py::none(),
-      py::arg("npz_member") = "", py::arg("npz_memory_limit") = 0, py::arg("transform") = py::none());
+      py::arg("npz_member") = "", py::arg("npz_memory_limit") = 0, py::arg("transform") = py::none(),
+      py::arg("dense") = py::none());
   m.def(
       "window_source_from_arrays",
       [](SampleIndex& index, const std::vector<py::array>& factors, const std::vector<py::array>& labels,

@@ -64,7 +64,7 @@ struct GatherInput {
   const std::vector<ArraySource>* labels = nullptr;
   const std::vector<Sample>* samples = nullptr;
   std::int64_t window = 1;
-  std::uint32_t out_size = 4;  // float32 or float64
+  std::uint32_t out_size = 4;                  // float32 or float64
   const GatherTransform* transform = nullptr;  // source rows to output rows (required)
 };
 

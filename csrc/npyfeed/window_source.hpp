@@ -8,12 +8,14 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "npyfeed/aligned_buffer.hpp"
 #include "npyfeed/array_reader.hpp"
+#include "npyfeed/dense_index.hpp"
 #include "npyfeed/gather.hpp"
 #include "npyfeed/index.hpp"
 #include "npyfeed/npy_header.hpp"
@@ -51,6 +53,8 @@ struct WindowOptions {
   std::uint64_t npz_memory_limit = 0;
   /// Column selection, NaN/inf replacement and normalisation in the gather (checked by finish_open).
   TransformOptions transform;
+  /// Dense windows (dense_index.hpp) instead of the index's samples: the index then only names the keys.
+  std::optional<DenseOptions> dense;
 };
 
 /// A batch of `count` samples: x holds count * x_sample_bytes(), y count * y_sample_bytes(); owned and
@@ -70,7 +74,8 @@ struct KeyArrays {
 
 class WindowSource : public std::enable_shared_from_this<WindowSource> {
  public:
-  /// Throws InvalidArgument for a window below 1, an output size other than 4 or 8, or threads of 0.
+  /// Throws InvalidArgument for a window below 1, an output size other than 4 or 8, threads of 0, or (dense) a
+  /// stride below 1 or a horizon below 0.
   WindowSource(SampleIndex index, WindowOptions options);
 
   /// File sources: paths per key (same order as index keys). Opening runs as a job (headers, maps);
@@ -94,7 +99,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::uint64_t x_sample_bytes() const noexcept { return x_row_elems_ * window_ * options_.out_size; }
   std::uint64_t y_sample_bytes() const noexcept { return y_row_elems_ * options_.out_size; }
   const WindowOptions& options() const noexcept { return options_; }
-  /// For sample i (after skipping): its index file line, key, feature and label index.
+  /// For sample i (after skipping): its index file line, key, feature and label index (dense: key and rows).
   std::string describe(std::size_t sample) const;
   /// The index this source reads (its columns may be a shared mapping).
   const SampleIndex& index() const noexcept { return index_; }
@@ -136,6 +141,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
  private:
   void open_key(std::size_t key, const std::string& factor_path, const std::string& label_path);
   ArraySource open_file(const std::string& path, bool label) const;
+  void apply_bounds();  // the index pass of finish_open (samples from an index)
   std::uint64_t index_position(std::size_t sample) const;
   std::shared_ptr<ArrayReader> open_npz(const std::string& path) const;
 
@@ -154,7 +160,8 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::uint64_t y_row_elems_ = 0;
   std::vector<std::int64_t> x_row_shape_;  // of the arrays' rows
   std::vector<std::int64_t> y_row_shape_;
-  GatherTransform transform_;  // the arrays' rows to the output's
+  GatherTransform transform_;        // the arrays' rows to the output's
+  std::optional<DenseIndex> dense_;  // dense windows: the samples, in place of the index's
   bool keep_fds_ = true;
   std::shared_ptr<MappingCache> mappings_;  // mmap with more files than the mapping budget, else null
   std::size_t gather_workers_ = 1;  // threads x the reads in flight any reader asks for, within the descriptor budget

@@ -212,8 +212,8 @@ void Gather::gather_factors(std::size_t begin, std::size_t end, std::vector<std:
   // One window stored exactly as the output wants it, from a reader that reads in place: straight into the batch
   // (replaced and normalised there).
   const ScalarType& st = h.scalar;
-  const bool read_in_place = reader.reads_in_place() && !h.fortran_order && st.kind == 'f' &&
-                             st.size == in_.out_size && !st.swapped && !t.selects();
+  const bool read_in_place = reader.reads_in_place() && !h.fortran_order && st.kind == 'f' && st.size == in_.out_size &&
+                             !st.swapped && !t.selects();
   for (const Run& run : merge_runs(ranges, src_row_bytes, gap, span)) {
     if (read_in_place && run.end == run.begin + 1 && run.end_row - run.first == window) {
       std::byte* out = out_of(order_[begin + run.begin]);

@@ -4,7 +4,9 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "npyfeed/detail/convert.hpp"
@@ -88,23 +90,47 @@ struct FinishArgs {
 // wants it is read once, not copied and then passed over again.
 // The arguments are copied into locals first: the stores could otherwise alias them, and reloading them for every
 // element keeps the loop scalar.
+// Replacement tests one block of elements for any NaN or infinity first (all exponent bits set: one AND and one
+// compare per element) and replaces only in blocks that hold one: data is mostly finite, and the three selects
+// would otherwise cost more than the copy.
 template <class Out, unsigned F>
 void finish_rows(const FinishArgs<Out>& a, const Out* src, Out* dst, std::uint64_t rows) {
+  using Bits = std::conditional_t<sizeof(Out) == 4, std::uint32_t, std::uint64_t>;
+  constexpr Bits kExponent = static_cast<Bits>(sizeof(Out) == 4 ? 0x7F800000ull : 0x7FF0000000000000ull);
   constexpr Out kInf = std::numeric_limits<Out>::infinity();
+  constexpr std::uint64_t kBlock = 32;
   const Out nan = a.nan, posinf = a.posinf, neginf = a.neginf;
   const Out* const mean = a.mean;
   const Out* const std = a.std;
   const std::uint64_t n = a.elems;
+  auto normalized = [&](Out v, std::uint64_t j) {
+    if constexpr ((F & kNormalize) != 0) v = (v - mean[j]) / std[j];
+    return v;
+  };
   for (std::uint64_t r = 0; r < rows; ++r) {
     const Out* in = src + r * n;
     Out* row = dst + r * n;
-    for (std::uint64_t j = 0; j < n; ++j) {
-      Out v = in[j];
-      if constexpr ((F & kNan) != 0) v = v != v ? nan : v;
-      if constexpr ((F & kPosinf) != 0) v = v == kInf ? posinf : v;
-      if constexpr ((F & kNeginf) != 0) v = v == -kInf ? neginf : v;
-      if constexpr ((F & kNormalize) != 0) v = (v - mean[j]) / std[j];
-      row[j] = v;
+    for (std::uint64_t j0 = 0; j0 < n; j0 += kBlock) {
+      const std::uint64_t end = std::min(n, j0 + kBlock);
+      if constexpr ((F & (kNan | kPosinf | kNeginf)) != 0) {
+        Bits special = 0;
+        for (std::uint64_t j = j0; j < end; ++j) {
+          Bits bits;
+          std::memcpy(&bits, in + j, sizeof bits);
+          special |= (bits & kExponent) == kExponent ? Bits{1} : Bits{0};
+        }
+        if (special != 0) {
+          for (std::uint64_t j = j0; j < end; ++j) {
+            Out v = in[j];
+            if constexpr ((F & kNan) != 0) v = v != v ? nan : v;
+            if constexpr ((F & kPosinf) != 0) v = v == kInf ? posinf : v;
+            if constexpr ((F & kNeginf) != 0) v = v == -kInf ? neginf : v;
+            row[j] = normalized(v, j);
+          }
+          continue;
+        }
+      }
+      for (std::uint64_t j = j0; j < end; ++j) row[j] = normalized(in[j], j);
     }
   }
 }
@@ -205,8 +231,8 @@ template <class Out>
 void RowTransform::finish_from(const Out* src, Out* dst, std::uint64_t rows) const {
   if (flags_ == 0) return;
   static constexpr auto table = finish_table<Out>(std::make_index_sequence<16>());
-  FinishArgs<Out> a{static_cast<Out>(nan_), static_cast<Out>(posinf_), static_cast<Out>(neginf_), nullptr, nullptr,
-                    out_elems_};
+  FinishArgs<Out> a{
+      static_cast<Out>(nan_), static_cast<Out>(posinf_), static_cast<Out>(neginf_), nullptr, nullptr, out_elems_};
   if constexpr (sizeof(Out) == 4) {
     a.mean = mean32_.data();
     a.std = std32_.data();
@@ -222,7 +248,7 @@ void RowTransform::apply(const std::byte* src, const ScalarType& type, std::uint
   const bool native = type.kind == 'f' && type.size == sizeof(Out) && !type.swapped &&
                       reinterpret_cast<std::uintptr_t>(src) % alignof(Out) == 0;
   if (!select_) {
-    if (flags_ == 0) return detail::convert(src, type, rows * src_elems_, dst);  // the plain gather, unchanged
+    if (flags_ == 0) return detail::convert(src, type, rows * src_elems_, dst);    // the plain gather, unchanged
     if (native) return finish_from(reinterpret_cast<const Out*>(src), dst, rows);  // one pass, source to batch
     // Converted a few rows at a time, each finished while it is still in cache.
     const std::uint64_t chunk = std::max<std::uint64_t>(1, 4096 / std::max<std::uint64_t>(src_elems_, 1));

@@ -54,6 +54,7 @@ WindowSource::WindowSource(SampleIndex index, WindowOptions options)
   if (options_.out_size != 4 && options_.out_size != 8)
     throw InvalidArgument("output dtype must be float32 or float64");
   if (options_.threads < 1) throw InvalidArgument("threads must be at least 1");
+  if (options_.dense) dense_.emplace(*options_.dense, window_);
   const std::size_t keys = index_.keys.size();
   factors_.resize(keys);
   labels_.resize(keys);
@@ -223,7 +224,7 @@ void WindowSource::finish_open() {
       }
     }
   }
-  if (index_.size() == 0) {
+  if (!dense_ && index_.size() == 0) {
     std::string names;
     for (const auto& n : index_.sources) names += (names.empty() ? "" : ", ") + n;
     throw InvalidArgument("the index is empty (" + names + ")");
@@ -237,9 +238,39 @@ void WindowSource::finish_open() {
     throw InvalidArgument("window " + std::to_string(window_) + " is too large for rows of " +
                           std::to_string(x_row_elems_) + " elements");
   }
+  if (dense_) {
+    std::vector<std::int64_t> rows(factors_.size()), label_rows(labels_.size());
+    for (std::size_t k = 0; k < factors_.size(); ++k) {
+      rows[k] = factors_[k].rows();
+      label_rows[k] = labels_[k].rows();
+    }
+    dense_->layout(rows, label_rows);
+    size_ = dense_->size();
+    if (size_ == 0) {
+      throw InvalidArgument("no window of " + std::to_string(window_) + " rows (label row + horizon " +
+                            std::to_string(dense_->options().horizon) + ") fits in any of the " +
+                            std::to_string(factors_.size()) + " keys' arrays");
+    }
+  } else {
+    apply_bounds();
+  }
+  std::size_t reads_in_flight = 1;
+  for (const auto* sources : {&factors_, &labels_}) {
+    for (const ArraySource& s : *sources)
+      reads_in_flight = std::max(reads_in_flight, s.reader->reads_in_flight_per_thread());
+  }
+  gather_workers_ = reads_in_flight * options_.threads;
+  if (!keep_fds_) {
+    // Every worker may open a file for its read (O_DIRECT: a buffered descriptor too, on a fallback): stay
+    // within the descriptor budget whatever the thread count.
+    const std::size_t per_worker = options_.mode == ReadMode::kDirect ? 2 : 1;
+    gather_workers_ = std::clamp<std::size_t>(descriptor_budget() / per_worker, 1, gather_workers_);
+  }
+}
 
-  // One pass over the index, which stays where it is (a shared mapping, usually): only dropped positions
-  // are remembered. The common case (int32 rows inside their arrays) is a few compares per sample.
+// One pass over the index, which stays where it is (a shared mapping, usually): only dropped positions
+// are remembered. The common case (int32 rows inside their arrays) is a few compares per sample.
+void WindowSource::apply_bounds() {
   dropped_.clear();
   skipped_ = 0;
   const std::size_t n = index_.size();
@@ -291,18 +322,6 @@ void WindowSource::finish_open() {
   }
   dropped_.shrink_to_fit();
   size_ = n - dropped_.size();
-  std::size_t reads_in_flight = 1;
-  for (const auto* sources : {&factors_, &labels_}) {
-    for (const ArraySource& s : *sources)
-      reads_in_flight = std::max(reads_in_flight, s.reader->reads_in_flight_per_thread());
-  }
-  gather_workers_ = reads_in_flight * options_.threads;
-  if (!keep_fds_) {
-    // Every worker may open a file for its read (O_DIRECT: a buffered descriptor too, on a fallback): stay
-    // within the descriptor budget whatever the thread count.
-    const std::size_t per_worker = options_.mode == ReadMode::kDirect ? 2 : 1;
-    gather_workers_ = std::clamp<std::size_t>(descriptor_budget() / per_worker, 1, gather_workers_);
-  }
 }
 
 std::vector<std::int64_t> WindowSource::x_shape() const {
@@ -335,8 +354,15 @@ std::shared_ptr<const SamplesByKey> WindowSource::samples_by_key() const {
     // past the dropped entries, instead of a search per sample (66M samples: seconds before the first batch).
     std::size_t next = SIZE_MAX;
     std::uint64_t position = 0;
-    std::size_t dropped = 0;  // entries of dropped_ before `position`
+    std::size_t dropped = 0;      // entries of dropped_ before `position`
+    std::uint32_t dense_key = 0;  // dense: the key of the last sample asked for (asked in order: a walk, no search)
     auto key_of = [&](std::size_t i) {
+      if (dense_) {
+        if (i != next) dense_key = dense_->key_of(i);
+        while (i >= dense_->first(dense_key) + dense_->count(dense_key)) ++dense_key;  // past keys without windows
+        next = i + 1;
+        return dense_key;
+      }
       if (i != next) {
         position = index_position(i);
         dropped =
@@ -353,6 +379,7 @@ std::shared_ptr<const SamplesByKey> WindowSource::samples_by_key() const {
 }
 
 Sample WindowSource::sample(std::size_t sample) const {
+  if (dense_) return dense_->sample(sample);
   const std::uint64_t i = index_position(sample);
   return {index_.feature(i), index_.label(i), index_.key(i), static_cast<std::uint32_t>(i)};
 }
@@ -361,6 +388,12 @@ std::string WindowSource::describe(std::size_t sample) const {
   if (sample >= size_) {
     throw IndexOutOfRange("sample " + std::to_string(sample) + " out of range for " + std::to_string(size_) +
                           " samples");
+  }
+  if (dense_) {
+    const Sample s = dense_->sample(sample);
+    return "dense sample " + std::to_string(sample) + ": key '" + index_.keys[s.key] + "', window rows [" +
+           std::to_string(s.feature - window_ + 1) + ", " + std::to_string(s.feature + 1) + ") of " +
+           factors_[s.key].name() + ", label row " + std::to_string(s.label) + " of " + labels_[s.key].name();
   }
   const std::uint64_t i = index_position(sample);
   return index_.where(i) + ": key '" + index_.keys[index_.key(i)] + "', feature_index " +

@@ -121,7 +121,9 @@ def open_window_files(
     npz_member: str = "",
     npz_memory_limit: int = 0,
     transform: dict | None = None,
+    dense: tuple[int, int] | None = None,
 ) -> WindowSourceCore: ...
+def dense_index(keys: Sequence[str], name: str) -> SampleIndex: ...
 def window_source_from_arrays(
     index: SampleIndex,
     factors: Sequence[np.ndarray],

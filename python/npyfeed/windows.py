@@ -179,22 +179,90 @@ class WindowSource:
                  neginf: float | None = None, normalize=None):
         window, out_dtype = _check_common(window, dtype, bounds)
         transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
-        core_mode = _resolve_mode(mode, auto="mmap")
         placement = resolve_placement(cpus, nice, io_priority)
         nthreads = resolve_threads(threads, placement.get("cpus"))
         index, index_cache, built = _load_index(index_files, cache, cache_dir, nthreads)
+        self._open_files(index, factor_dir, label_dir, window, out_dtype, bounds, mode, nthreads, placement,
+                         max_header_size, member, npz_memory_limit, transform)
+        self._index_cache, self._index_built = index_cache, built
+
+    def _open_files(self, index, factor_dir, label_dir, window, out_dtype, bounds, mode, nthreads, placement,
+                    max_header_size, member, npz_memory_limit, transform, dense=None) -> None:
+        core_mode = _resolve_mode(mode, auto="mmap")
         factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
         keys = index.keys
         factor_paths = [os.path.join(factor_dir, k + ".npy") for k in keys]
         label_paths = [os.path.join(label_dir, k + ".npy") for k in keys]
         core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, _dtype_name(out_dtype), bounds, core_mode,
                                        nthreads, max_header_size, **placement, npz_member=member or "",
-                                       npz_memory_limit=npz_memory_limit or 0, transform=transform)
+                                       npz_memory_limit=npz_memory_limit or 0, transform=transform, dense=dense)
         self._init(core, index, window, out_dtype, core_mode, nthreads)
-        self._index_cache, self._index_built = index_cache, built
         # The files read: `<k>.npz` where the source fell back to it (one stat each, after a successful open).
         self._files = tuple(p if os.path.exists(p) else p[:-4] + ".npz" for p in factor_paths + label_paths)
         self._warn_direct_fallback()
+
+    @classmethod
+    def dense(cls, factor_dir, label_dir, window: int, *, stride: int = 1, horizon: int = 0, keys=None,
+              mode: str = "auto", threads: int | None = None, dtype="float32", max_header_size: int = 10000,
+              cpus=None, nice: int | None = None, io_priority=None, member: str | None = None,
+              npz_memory_limit: int | None = None, features=None, label_columns=None, nan: float | None = None,
+              posinf: float | None = None, neginf: float | None = None, normalize=None) -> WindowSource:
+        """Every window of every key, without an index file.
+
+        Sample ``j`` of key ``k`` is the window ending at row ``i = W - 1 + j * stride`` of
+        ``<factor_dir>/<k>.npy`` (rows ``[i - W + 1, i + 1)``) and row ``i + horizon`` of ``<label_dir>/<k>.npy``
+        (``.npz`` beside them as for `WindowSource`); windows whose label row would be past the end of the label
+        array are left out, as are rows past the end of the factor array. Samples are numbered key by key, then
+        by row, so `epoch_order`, shards, ``shuffle=True`` and ``shuffle="blocks"`` work as for index files. The
+        index is one range per key: no memory per sample.
+
+        Parameters
+        ----------
+        factor_dir, label_dir : str or os.PathLike
+        window : int
+            Rows per sample, W.
+        stride : int
+            Rows between the ends of consecutive windows (at least 1).
+        horizon : int
+            Label row = the window's last row + `horizon` (at least 0): ``horizon=5`` pairs a window with the
+            label five rows later.
+        keys : sequence of str, optional
+            The keys to read, in this order. Default: every ``<k>.npy`` or ``<k>.npz`` in `factor_dir` that has a
+            label file in `label_dir`, sorted by name.
+        mode, threads, dtype, max_header_size, cpus, nice, io_priority, member, npz_memory_limit
+            As for `WindowSource` (there is no `bounds`: every window lies inside its arrays).
+        features, label_columns, nan, posinf, neginf, normalize
+            As for `WindowSource`.
+
+        Raises
+        ------
+        ValueError
+            A `stride` below 1 or a `horizon` below 0 (naming the value), no key found, a key that cannot name a
+            file or is given twice, no window that fits; the errors of `WindowSource`.
+        TypeError
+            A `stride`, `horizon` or `keys` of the wrong type.
+
+        Examples
+        --------
+        >>> src = WindowSource.dense("factors", "labels", 100, stride=5, horizon=1,
+        ...                          features=slice(0, 64), nan=0.0)  # doctest: +SKIP
+        >>> src.describe(0)  # doctest: +SKIP
+        "dense sample 0: key 'k00000', window rows [0, 100) of factors/k00000.npy, label row 100 of ..."
+        """
+        window, out_dtype = _check_common(window, dtype, "error")
+        for name, value in (("stride", stride), ("horizon", horizon)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{name} must be an integer, got {value!r}")
+        transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
+        placement = resolve_placement(cpus, nice, io_priority)
+        nthreads = resolve_threads(threads, placement.get("cpus"))
+        factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
+        keys = _dense_keys(factor_dir, label_dir) if keys is None else _check_keys(keys)
+        self = cls.__new__(cls)
+        self._open_files(_core.dense_index(keys, factor_dir), factor_dir, label_dir, window, out_dtype, "error",
+                         mode, nthreads, placement, max_header_size, member, npz_memory_limit, transform,
+                         dense=(int(stride), int(horizon)))
+        return self
 
     @classmethod
     def from_arrays(cls, index, factors: Mapping, labels: Mapping, window: int, *, threads: int | None = None,
@@ -540,6 +608,41 @@ def _check_budget(memory_budget) -> int:
     if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, np.integer)) or memory_budget < 1:
         raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
     return int(memory_budget)
+
+
+def _dense_keys(factor_dir: str, label_dir: str) -> list:
+    """Keys with a factor file (`.npy` or `.npz`) in `factor_dir` and a label file in `label_dir`, sorted."""
+    try:
+        names = os.listdir(factor_dir)
+    except OSError as e:
+        raise type(e)(e.errno, f"WindowSource.dense: cannot list the factor folder: {e.strerror}", factor_dir) from None
+    stems = sorted({n[:-4] for n in names if n.endswith((".npy", ".npz")) and len(n) > 4})
+    keys = [k for k in stems if os.path.isfile(os.path.join(factor_dir, k + ".npy"))
+            or os.path.isfile(os.path.join(factor_dir, k + ".npz"))]
+    keys = [k for k in keys if os.path.exists(os.path.join(label_dir, k + ".npy"))
+            or os.path.exists(os.path.join(label_dir, k + ".npz"))]
+    if not keys:
+        raise ValueError(f"WindowSource.dense: no key has a factor file in {factor_dir} (<key>.npy or <key>.npz) "
+                         f"and a label file in {label_dir}")
+    return keys
+
+
+def _check_keys(keys) -> list:
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, (Sequence, np.ndarray)):
+        raise TypeError(f"keys must be a sequence of key names, got {keys!r}")
+    out, seen = [], set()
+    for k in keys:
+        if not isinstance(k, str):
+            raise TypeError(f"keys must be strings, got {k!r}")
+        if not k or k in (".", "..") or "/" in k or "\0" in k or (os.sep != "/" and os.sep in k):
+            raise ValueError(f"keys: {k!r} cannot name a file")
+        if k in seen:
+            raise ValueError(f"keys: {k!r} is given twice")
+        seen.add(k)
+        out.append(k)
+    if not out:
+        raise ValueError("keys: no key given")
+    return out
 
 
 def _index_from_tuples(index) -> object:

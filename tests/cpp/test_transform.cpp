@@ -82,7 +82,7 @@ void check_all_combinations(const char* what, std::uint64_t misalign) {
       if (flags & 2) o.posinf = 1e6;
       if (flags & 4) o.neginf = -1e6;
       // A contiguous run, a scattered list with repeats (many short runs), or every column.
-      std::vector<std::int64_t> cols = select == 0 ? std::vector<std::int64_t>{1, 2, 3}
+      std::vector<std::int64_t> cols = select == 0   ? std::vector<std::int64_t>{1, 2, 3}
                                        : select == 1 ? std::vector<std::int64_t>{4, 0, 0, 2}
                                                      : std::vector<std::int64_t>{0, 1, 2, 3, 4};
       if (select == 0) o.features = ColumnSpec::slice(1, 4, std::nullopt);
@@ -112,8 +112,8 @@ void check_all_combinations(const char* what, std::uint64_t misalign) {
           if (!same(out[r * n + j], want) && bad++ < 3) {
             test::report(__FILE__, __LINE__,
                          std::string(what) + " flags " + std::to_string(flags) + " select " + std::to_string(select) +
-                             " [" + std::to_string(r) + "][" + std::to_string(j) + "]: " +
-                             std::to_string(out[r * n + j]) + " vs " + std::to_string(want));
+                             " [" + std::to_string(r) + "][" + std::to_string(j) +
+                             "]: " + std::to_string(out[r * n + j]) + " vs " + std::to_string(want));
           }
         }
       }
@@ -287,7 +287,8 @@ TEST_CASE("the gather: every read mode, C and Fortran order, selection + replace
     for (ReadMode mode : {ReadMode::kMmap, ReadMode::kRead, ReadMode::kDirect}) {
       SampleIndex index;
       index.sources.push_back("index.txt");
-      for (std::int64_t i = 0; i < 12; ++i) index.add(kWindow - 1 + (i * 7) % (kRows - kWindow + 1), i * 2, "k", 0, i + 1);
+      for (std::int64_t i = 0; i < 12; ++i)
+        index.add(kWindow - 1 + (i * 7) % (kRows - kWindow + 1), i * 2, "k", 0, i + 1);
       WindowOptions w;
       w.window = kWindow;
       w.mode = mode;
@@ -310,8 +311,9 @@ TEST_CASE("the gather: every read mode, C and Fortran order, selection + replace
       std::vector<std::int64_t> ids(source->size());
       for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int64_t>(i);
       std::vector<float> x(ids.size() * kWindow * 3, 12345.f), y(ids.size(), 12345.f);
-      source->start_gather(shared_pool(), ids, reinterpret_cast<std::byte*>(x.data()),
-                           reinterpret_cast<std::byte*>(y.data()))
+      source
+          ->start_gather(shared_pool(), ids, reinterpret_cast<std::byte*>(x.data()),
+                         reinterpret_cast<std::byte*>(y.data()))
           ->wait();
       const std::int64_t cols[] = {4, 1, 1};
       int bad = 0;
@@ -324,9 +326,9 @@ TEST_CASE("the gather: every read mode, C and Fortran order, selection + replace
             const float want = reference<float>(v, w.transform, static_cast<float>(j + 1), 2.0f, true);
             const float got = x[(i * kWindow + static_cast<std::size_t>(r)) * 3 + static_cast<std::size_t>(j)];
             if (!same(got, want) && bad++ < 3) {
-              test::report(__FILE__, __LINE__, tag + " mode " + std::to_string(static_cast<int>(mode)) + ": x[" +
-                                                   std::to_string(i) + "]: " + std::to_string(got) + " vs " +
-                                                   std::to_string(want));
+              test::report(__FILE__, __LINE__,
+                           tag + " mode " + std::to_string(static_cast<int>(mode)) + ": x[" + std::to_string(i) +
+                               "]: " + std::to_string(got) + " vs " + std::to_string(want));
             }
           }
         }
