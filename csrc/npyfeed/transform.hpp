@@ -95,8 +95,9 @@ class RowTransform {
   std::vector<std::uint64_t> needed_;
   unsigned flags_ = 0;  // kNan | kPosinf | kNeginf | kNormalize
   double nan_ = 0, posinf_ = 0, neginf_ = 0;
-  std::vector<float> mean32_, std32_;
-  std::vector<double> mean64_, std64_;
+  std::vector<float> mean32_, scale32_;  // scale: 1/std per column (std itself where divide)
+  std::vector<double> mean64_, scale64_;
+  bool divide32_ = false, divide64_ = false;
 };
 
 /// The checked options of a source: a RowTransform for factor rows and one for label rows.

@@ -16,7 +16,8 @@ namespace npyfeed {
 
 namespace {
 
-enum : unsigned { kNan = 1, kPosinf = 2, kNeginf = 4, kNormalize = 8 };
+// kDivide: normalise by dividing by std, where a reciprocal 1/std would be subnormal (else multiplied by it).
+enum : unsigned { kNan = 1, kPosinf = 2, kNeginf = 4, kNormalize = 8, kDivide = 16 };
 
 // Shortest text that reads back as `v` (as Python's repr of a float).
 std::string number_text(double v) {
@@ -90,36 +91,50 @@ struct FinishArgs {
 // wants it is read once, not copied and then passed over again.
 // The arguments are copied into locals first: the stores could otherwise alias them, and reloading them for every
 // element keeps the loop scalar.
-// Replacement tests one block of elements for any NaN or infinity first (all exponent bits set: one AND and one
-// compare per element) and replaces only in blocks that hold one: data is mostly finite, and the three selects
-// would otherwise cost more than the copy.
+// Normalisation multiplies by 1/std (rounded once to Out): within an ulp of numpy's division, and several times
+// cheaper. Replacement tests one block of elements for any NaN or infinity first (all exponent bits set: one AND
+// and one compare per element, fused with the copy where nothing else changes the values) and replaces only in
+// blocks that hold one: data is mostly finite, and the three selects would cost more than the copy.
 template <class Out, unsigned F>
 void finish_rows(const FinishArgs<Out>& a, const Out* src, Out* dst, std::uint64_t rows) {
   using Bits = std::conditional_t<sizeof(Out) == 4, std::uint32_t, std::uint64_t>;
   constexpr Bits kExponent = static_cast<Bits>(sizeof(Out) == 4 ? 0x7F800000ull : 0x7FF0000000000000ull);
   constexpr Out kInf = std::numeric_limits<Out>::infinity();
   constexpr std::uint64_t kBlock = 32;
+  constexpr bool kReplace = (F & (kNan | kPosinf | kNeginf)) != 0;
   const Out nan = a.nan, posinf = a.posinf, neginf = a.neginf;
   const Out* const mean = a.mean;
-  const Out* const std = a.std;
+  const Out* const scale = a.std;  // 1/std, or std under kDivide
   const std::uint64_t n = a.elems;
   auto normalized = [&](Out v, std::uint64_t j) {
-    if constexpr ((F & kNormalize) != 0) v = (v - mean[j]) / std[j];
+    if constexpr ((F & kNormalize) != 0 && (F & kDivide) != 0) v = (v - mean[j]) / scale[j];
+    if constexpr ((F & kNormalize) != 0 && (F & kDivide) == 0) v = (v - mean[j]) * scale[j];
     return v;
+  };
+  auto special = [&](Out v) {
+    Bits bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    return (bits & kExponent) == kExponent ? Bits{1} : Bits{0};
   };
   for (std::uint64_t r = 0; r < rows; ++r) {
     const Out* in = src + r * n;
     Out* row = dst + r * n;
     for (std::uint64_t j0 = 0; j0 < n; j0 += kBlock) {
       const std::uint64_t end = std::min(n, j0 + kBlock);
-      if constexpr ((F & (kNan | kPosinf | kNeginf)) != 0) {
-        Bits special = 0;
-        for (std::uint64_t j = j0; j < end; ++j) {
-          Bits bits;
-          std::memcpy(&bits, in + j, sizeof bits);
-          special |= (bits & kExponent) == kExponent ? Bits{1} : Bits{0};
+      if constexpr (kReplace) {
+        Bits any = 0;
+        if constexpr ((F & kNormalize) == 0) {
+          // Copied while testing (in place, the same values are written back): a block without NaN or inf is done.
+          for (std::uint64_t j = j0; j < end; ++j) {
+            const Out v = in[j];
+            any |= special(v);
+            row[j] = v;
+          }
+          if (any == 0) continue;
+        } else {
+          for (std::uint64_t j = j0; j < end; ++j) any |= special(in[j]);
         }
-        if (special != 0) {
+        if (any != 0) {
           for (std::uint64_t j = j0; j < end; ++j) {
             Out v = in[j];
             if constexpr ((F & kNan) != 0) v = v != v ? nan : v;
@@ -215,10 +230,19 @@ RowTransform::RowTransform(std::uint64_t src_elems, std::vector<std::int64_t> co
   if (o.neginf) flags_ |= kNeginf, neginf_ = *o.neginf;
   if (!mean.empty()) {
     flags_ |= kNormalize;
+    // Per output dtype: the mean, and 1/std rounded once from the std in that dtype; the std itself where any
+    // reciprocal would be subnormal (a std above ~1e38 as a float32), so that no precision is lost.
+    mean32_.assign(mean.begin(), mean.end());
     mean64_ = std::move(mean);
-    std64_ = std::move(std);
-    mean32_.assign(mean64_.begin(), mean64_.end());
-    std32_.assign(std64_.begin(), std64_.end());
+    for (const double sd : std) {
+      const auto s32 = static_cast<float>(sd);
+      scale32_.push_back(1.0f / s32);
+      scale64_.push_back(1.0 / sd);
+      divide32_ = divide32_ || !std::isnormal(scale32_.back());
+      divide64_ = divide64_ || !std::isnormal(scale64_.back());
+    }
+    if (divide32_) scale32_.assign(std.begin(), std.end());
+    if (divide64_) scale64_ = std::move(std);
   }
 }
 
@@ -230,17 +254,20 @@ void RowTransform::finish(Out* dst, std::uint64_t rows) const {
 template <class Out>
 void RowTransform::finish_from(const Out* src, Out* dst, std::uint64_t rows) const {
   if (flags_ == 0) return;
-  static constexpr auto table = finish_table<Out>(std::make_index_sequence<16>());
+  static constexpr auto table = finish_table<Out>(std::make_index_sequence<32>());
   FinishArgs<Out> a{
       static_cast<Out>(nan_), static_cast<Out>(posinf_), static_cast<Out>(neginf_), nullptr, nullptr, out_elems_};
+  unsigned flags = flags_;
   if constexpr (sizeof(Out) == 4) {
     a.mean = mean32_.data();
-    a.std = std32_.data();
+    a.std = scale32_.data();
+    if (divide32_) flags |= kDivide;
   } else {
     a.mean = mean64_.data();
-    a.std = std64_.data();
+    a.std = scale64_.data();
+    if (divide64_) flags |= kDivide;
   }
-  table[flags_](a, src, dst, rows);
+  table[flags](a, src, dst, rows);
 }
 
 template <class Out>

@@ -135,7 +135,8 @@ class WindowSource:
         a value converts to `dtype` first. ``None`` (the default) keeps them.
     normalize : (mean, std), optional
         Standardise the factor rows: ``(x - mean) / std`` computed in `dtype` (`mean` and `std` are converted
-        to it first), after the replacement. Each is one value per selected feature, shape
+        to it first), after the replacement; as ``(x - mean) * (1 / std)``, within an ulp or two of numpy's
+        division (a std whose reciprocal would be subnormal is divided by). Each is one value per selected feature, shape
         ``(len(features),)`` (or any shape numpy broadcasts to the output row, a scalar included); `mean` must
         be finite and `std` positive and finite in `dtype`. Labels are never normalised (a loss usually wants
         them in their own units; scale them with the model's output). Rows that ``bounds="pad"`` adds
