@@ -21,4 +21,5 @@ def test_bench_option_rows_quick(tmp_path):
     rows = json.loads(out.read_text())["gather_options"]
     # One row per option, each against plain (e) mmap of the same run.
     assert {r["option"].split("=")[0] for r in rows} >= {"features", "label_columns", "nan", "normalize"}
-    assert all(r["ratio"].endswith("x") and r["status"] in ("met", "MISSED") for r in rows)
+    assert all(r["x plain"].endswith("x") and r["cpu x plain"].endswith("x") for r in rows)
+    assert all(r["status"] in ("met", "MISSED") and r["status (cpu)"] in ("met", "MISSED") for r in rows)
