@@ -311,3 +311,17 @@ def test_tiny_std_is_fine_in_float64(dataset):
     src = dataset.open("arrays", **options)
     x, _ = src.get(np.arange(len(src)))
     _assert_matches(x, dataset.expected(**options)[0], True)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import npyfeed.windows
+
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
+    for obj in (npyfeed.windows.WindowSource, npyfeed.windows.WindowSource.from_arrays,
+                npyfeed.windows.WindowSource.dense):
+        for test in finder.find(obj, globs={"np": np, "WindowSource": npyfeed.WindowSource}):
+            runner.run(test)
+    results = runner.summarize(verbose=False)
+    assert results.attempted > 0 and results.failed == 0
