@@ -16,11 +16,52 @@ namespace npyfeed::bindings {
 
 namespace {
 
+// features= / label_columns=: None (all), a slice, or a sequence of integers (types checked in Python).
+ColumnSpec column_spec(const py::handle& value) {
+  if (value.is_none()) return ColumnSpec::all();
+  if (py::isinstance<py::slice>(value)) {
+    auto part = [&](const char* name) -> std::optional<std::int64_t> {
+      py::object v = value.attr(name);
+      if (v.is_none()) return std::nullopt;
+      return v.cast<std::int64_t>();
+    };
+    return ColumnSpec::slice(part("start"), part("stop"), part("step"));
+  }
+  return ColumnSpec::of(value.cast<std::vector<std::int64_t>>());
+}
+
+// The dict windows.py builds from features=, label_columns=, nan=, posinf=, neginf=, normalize= (or None).
+TransformOptions transform_options(const py::object& spec) {
+  TransformOptions o;
+  if (spec.is_none()) return o;
+  const py::dict d = spec;
+  o.features = column_spec(d["features"]);
+  o.label_columns = column_spec(d["label_columns"]);
+  o.nan = d["nan"].cast<std::optional<double>>();
+  o.posinf = d["posinf"].cast<std::optional<double>>();
+  o.neginf = d["neginf"].cast<std::optional<double>>();
+  if (!d["mean"].is_none()) {
+    using Array = py::array_t<double, py::array::c_style | py::array::forcecast>;
+    auto take = [](const py::handle& h, std::vector<double>& values, std::vector<std::int64_t>& shape) {
+      const Array a = py::reinterpret_borrow<py::object>(h);
+      values.assign(a.data(), a.data() + a.size());
+      shape.assign(a.shape(), a.shape() + a.ndim());
+    };
+    o.normalize = true;
+    take(d["mean"], o.mean, o.mean_shape);
+    take(d["std"], o.std, o.std_shape);
+  }
+  return o;
+}
+
 WindowOptions window_options(std::int64_t window, const std::string& dtype, const std::string& bounds,
                              const std::string& mode, std::size_t threads, std::size_t max_header_size,
                              const Placement& placement, const std::string& npz_member = "",
-                             std::uint64_t npz_memory_limit = 0) {
+                             std::uint64_t npz_memory_limit = 0, const py::object& transform = py::none(),
+                             std::optional<std::pair<std::int64_t, std::int64_t>> dense = std::nullopt) {
   WindowOptions o;
+  o.transform = transform_options(transform);
+  if (dense) o.dense = DenseOptions{dense->first, dense->second};  // (stride, horizon)
   o.window = window;
   o.out_size = parse_out_dtype(dtype);
   o.bounds = parse_bounds(bounds);
@@ -38,10 +79,12 @@ std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::v
                                                 const std::string& dtype, const std::string& bounds,
                                                 const std::string& mode, std::size_t threads,
                                                 std::size_t max_header_size, const Placement& placement,
-                                                const std::string& npz_member, std::uint64_t npz_memory_limit) {
-  auto source = std::make_shared<WindowSource>(
-      index,
-      window_options(window, dtype, bounds, mode, threads, max_header_size, placement, npz_member, npz_memory_limit));
+                                                const std::string& npz_member, std::uint64_t npz_memory_limit,
+                                                const py::object& transform,
+                                                std::optional<std::pair<std::int64_t, std::int64_t>> dense) {
+  auto source =
+      std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size,
+                                                           placement, npz_member, npz_memory_limit, transform, dense));
   wait_interruptibly(without_gil([&] {
     return source->start_open(shared_pool(0, placement), factor_paths, label_paths);  // checks the placement first
   }));
@@ -77,10 +120,12 @@ std::shared_ptr<const void> keep_alive(const py::object& object) {
 std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, const std::vector<py::array>& factors,
                                                         const std::vector<py::array>& labels, std::int64_t window,
                                                         const std::string& dtype, const std::string& bounds,
-                                                        std::size_t threads, const Placement& placement) {
+                                                        std::size_t threads, const Placement& placement,
+                                                        const py::object& transform) {
   without_gil([&] { shared_pool(0, placement); });  // checks the placement
   auto source = std::make_shared<WindowSource>(
-      index, window_options(window, dtype, bounds, "mmap", threads, kDefaultMaxHeaderSize, placement));
+      index,
+      window_options(window, dtype, bounds, "mmap", threads, kDefaultMaxHeaderSize, placement, "", 0, transform));
   if (factors.size() != index.keys.size() || labels.size() != index.keys.size()) {
     throw InvalidArgument("one factor and one label array per key are needed");
   }
@@ -130,6 +175,9 @@ void bind_windows(py::module_& m) {
                                   {label.data(), static_cast<std::size_t>(label.size())}, keys, name);
       },
       py::arg("feature_index"), py::arg("label_index"), py::arg("keys"), py::arg("name"));
+
+  // The index of a dense source (WindowSource.dense): its keys, no samples (the windows are per-key ranges).
+  m.def("dense_index", &keys_only_index, py::arg("keys"), py::arg("name"));
 
   py::class_<WindowSource, std::shared_ptr<WindowSource>>(m, "WindowSourceCore")
       .def("__len__", &WindowSource::size)
@@ -181,26 +229,29 @@ void bind_windows(py::module_& m) {
       [](SampleIndex& index, const std::vector<std::string>& factor_paths, const std::vector<std::string>& label_paths,
          std::int64_t window, const std::string& dtype, const std::string& bounds, const std::string& mode,
          std::size_t threads, std::size_t max_header_size, const std::vector<int>& cpus, std::optional<int> nice,
-         std::optional<std::pair<int, int>> io_priority, const std::string& npz_member,
-         std::uint64_t npz_memory_limit) {
+         std::optional<std::pair<int, int>> io_priority, const std::string& npz_member, std::uint64_t npz_memory_limit,
+         const py::object& transform, std::optional<std::pair<std::int64_t, std::int64_t>> dense) {
         return open_window_files(index, factor_paths, label_paths, window, dtype, bounds, mode, threads,
-                                 max_header_size, placement_of(cpus, nice, io_priority), npz_member, npz_memory_limit);
+                                 max_header_size, placement_of(cpus, nice, io_priority), npz_member, npz_memory_limit,
+                                 transform, dense);
       },
       py::arg("index"), py::arg("factor_paths"), py::arg("label_paths"), py::arg("window"), py::arg("dtype"),
       py::arg("bounds"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"),
       py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(), py::arg("io_priority") = py::none(),
-      py::arg("npz_member") = "", py::arg("npz_memory_limit") = 0);
+      py::arg("npz_member") = "", py::arg("npz_memory_limit") = 0, py::arg("transform") = py::none(),
+      py::arg("dense") = py::none());
   m.def(
       "window_source_from_arrays",
       [](SampleIndex& index, const std::vector<py::array>& factors, const std::vector<py::array>& labels,
          std::int64_t window, const std::string& dtype, const std::string& bounds, std::size_t threads,
-         const std::vector<int>& cpus, std::optional<int> nice, std::optional<std::pair<int, int>> io_priority) {
+         const std::vector<int>& cpus, std::optional<int> nice, std::optional<std::pair<int, int>> io_priority,
+         const py::object& transform) {
         return window_source_from_arrays(index, factors, labels, window, dtype, bounds, threads,
-                                         placement_of(cpus, nice, io_priority));
+                                         placement_of(cpus, nice, io_priority), transform);
       },
       py::arg("index"), py::arg("factors"), py::arg("labels"), py::arg("window"), py::arg("dtype"), py::arg("bounds"),
       py::arg("threads"), py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(),
-      py::arg("io_priority") = py::none());
+      py::arg("io_priority") = py::none(), py::arg("transform") = py::none());
 }
 
 }  // namespace npyfeed::bindings

@@ -2,7 +2,8 @@
 // (B, ...) buffers, converting the element type on the way. A batch is planned once (samples grouped by
 // key, in order of first row), then each key is one work item: nearby rows are merged into runs read with
 // one call each (merge_runs), fetched from the key's ArrayReader, transposed when the file is in Fortran
-// order, converted, and zero-padded where a window (or label row) lies outside its array.
+// order, converted (with the source's column selection, replacement and normalisation: transform.hpp), and
+// zero-padded where a window (or label row) lies outside its array.
 #pragma once
 
 #include <cstddef>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "npyfeed/array_reader.hpp"
+#include "npyfeed/transform.hpp"
 
 namespace npyfeed {
 
@@ -62,9 +64,8 @@ struct GatherInput {
   const std::vector<ArraySource>* labels = nullptr;
   const std::vector<Sample>* samples = nullptr;
   std::int64_t window = 1;
-  std::uint32_t out_size = 4;  // float32 or float64
-  std::uint64_t x_row_elems = 0;
-  std::uint64_t y_row_elems = 0;
+  std::uint32_t out_size = 4;                  // float32 or float64
+  const GatherTransform* transform = nullptr;  // source rows to output rows (required)
 };
 
 /// One batch: samples `ids` (valid indices into *input.samples) gathered into `x` and `y`, which hold
@@ -82,7 +83,9 @@ class Gather {
   const Sample& sample_at(std::uint32_t pos) const { return (*in_.samples)[static_cast<std::size_t>(ids_[pos])]; }
   void gather_factors(std::size_t begin, std::size_t end, std::vector<std::byte>& scratch) const;
   void gather_labels(std::size_t begin, std::size_t end, std::vector<std::byte>& scratch) const;
-  void convert(const std::byte* src, const ScalarType& type, std::uint64_t elems, std::byte* dst) const;
+  void convert_rows(const RowTransform& t, const std::byte* src, const ScalarType& type, std::uint64_t rows,
+                    std::byte* dst) const;
+  void finish_rows(const RowTransform& t, std::byte* dst, std::uint64_t rows) const;
 
   GatherInput in_;
   std::vector<std::int64_t> ids_;       // sample ids, in batch order

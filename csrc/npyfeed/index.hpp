@@ -115,4 +115,7 @@ SampleIndex read_index_files(const std::vector<std::string>& paths, std::size_t 
 SampleIndex index_from_columns(std::span<const std::int64_t> feature, std::span<const std::int64_t> label,
                                const std::vector<std::string>& keys, const std::string& name);
 
+/// An index of `keys` and no lines (a dense source's: its samples are per-key ranges, dense_index.hpp).
+SampleIndex keys_only_index(const std::vector<std::string>& keys, const std::string& name);
+
 }  // namespace npyfeed

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,10 +17,12 @@
 #include "npyfeed/aligned_buffer.hpp"
 #include "npyfeed/array_reader.hpp"
 #include "npyfeed/batch.hpp"
+#include "npyfeed/dense_index.hpp"
 #include "npyfeed/gather.hpp"
 #include "npyfeed/index.hpp"
 #include "npyfeed/npy_header.hpp"
 #include "npyfeed/thread_pool.hpp"
+#include "npyfeed/transform.hpp"
 
 namespace npyfeed {
 
@@ -48,6 +51,10 @@ struct WindowOptions {
   /// half of the physical memory.
   std::string npz_member;
   std::uint64_t npz_memory_limit = 0;
+  /// Column selection, NaN/inf replacement and normalisation in the gather (checked by finish_open).
+  TransformOptions transform;
+  /// Dense windows (dense_index.hpp) instead of the index's samples: the index then only names the keys.
+  std::optional<DenseOptions> dense;
 };
 
 /// Arrays that stand in for a source's own in one gather (shuffle="blocks": files read whole into memory).
@@ -59,7 +66,8 @@ struct KeyArrays {
 
 class WindowSource : public std::enable_shared_from_this<WindowSource> {
  public:
-  /// Throws InvalidArgument for a window below 1, an output size other than 4 or 8, or threads of 0.
+  /// Throws InvalidArgument for a window below 1, an output size other than 4 or 8, threads of 0, or (dense) a
+  /// stride below 1 or a horizon below 0.
   WindowSource(SampleIndex index, WindowOptions options);
 
   /// File sources: paths per key (same order as index keys). Opening runs as a job (headers, maps);
@@ -70,19 +78,20 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   /// `owner` as long as this source (or a gather) needs it. Throws InvalidArgument.
   void set_memory_source(std::size_t key, bool label, std::shared_ptr<const void> owner, const std::byte* data,
                          std::vector<std::int64_t> shape, const std::string& typestr);
-  /// Checks shapes, dtypes and bounds (applying the policy). Throws FileNotFoundError-like OsError for
-  /// missing files (listing the first few), NpyFormatError, InvalidArgument, IndexOutOfRange.
+  /// Checks shapes, dtypes, the transform options against the rows (GatherTransform) and bounds (applying the
+  /// policy). Throws FileNotFoundError-like OsError for missing files (listing the first few), NpyFormatError,
+  /// InvalidArgument, IndexOutOfRange.
   void finish_open();
 
   std::size_t size() const noexcept { return size_; }
   std::size_t skipped() const noexcept { return skipped_; }
-  /// Per-sample shapes: (W, row shape...) and (label row shape...).
+  /// Per-sample shapes: (W, row shape...) and (label row shape...); a selected row is (columns,).
   std::vector<std::int64_t> x_shape() const;
   std::vector<std::int64_t> y_shape() const;
   std::uint64_t x_sample_bytes() const noexcept { return x_row_elems_ * window_ * options_.out_size; }
   std::uint64_t y_sample_bytes() const noexcept { return y_row_elems_ * options_.out_size; }
   const WindowOptions& options() const noexcept { return options_; }
-  /// For sample i (after skipping): its index file line, key, feature and label index.
+  /// For sample i (after skipping): its index file line, key, feature and label index (dense: key and rows).
   std::string describe(std::size_t sample) const;
   /// The index this source reads (its columns may be a shared mapping).
   const SampleIndex& index() const noexcept { return index_; }
@@ -125,6 +134,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
  private:
   void open_key(std::size_t key, const std::string& factor_path, const std::string& label_path);
   ArraySource open_file(const std::string& path, bool label) const;
+  void apply_bounds();  // the index pass of finish_open (samples from an index)
   std::uint64_t index_position(std::size_t sample) const;
   std::shared_ptr<ArrayReader> open_npz(const std::string& path) const;
 
@@ -141,8 +151,10 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::size_t skipped_ = 0;
   std::uint64_t x_row_elems_ = 0;
   std::uint64_t y_row_elems_ = 0;
-  std::vector<std::int64_t> x_row_shape_;
+  std::vector<std::int64_t> x_row_shape_;  // of the arrays' rows
   std::vector<std::int64_t> y_row_shape_;
+  GatherTransform transform_;        // the arrays' rows to the output's
+  std::optional<DenseIndex> dense_;  // dense windows: the samples, in place of the index's
   bool keep_fds_ = true;
   std::shared_ptr<MappingCache> mappings_;  // mmap with more files than the mapping budget, else null
   std::size_t gather_workers_ = 1;  // threads x the reads in flight any reader asks for, within the descriptor budget

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <numeric>
 
-#include "npyfeed/detail/convert.hpp"
 #include "npyfeed/fault_guard.hpp"
 #include "npyfeed/mapped_file.hpp"
 
@@ -30,8 +29,9 @@ void copy_guarded(const ArraySource& source, std::uint64_t offset, std::uint64_t
 
 // Rows [first, last) of `source` in C order: from its reader (or a view), transposed from a Fortran-order
 // file into `scratch`. Valid until the next fetch on this thread.
+// Where `t` selects columns, only those are read and transposed (the others are left unset in `scratch`).
 const std::byte* fetch_rows(const ArraySource& source, std::int64_t first, std::int64_t last,
-                            std::vector<std::byte>& scratch) {
+                            std::vector<std::byte>& scratch, const RowTransform& t) {
   const NpyHeader& h = source.header();
   const ArrayReader& reader = *source.reader;
   const std::uint64_t isz = h.itemsize;
@@ -45,13 +45,26 @@ const std::byte* fetch_rows(const ArraySource& source, std::int64_t first, std::
   const std::uint64_t rows = static_cast<std::uint64_t>(source.rows());
   const std::uint64_t cols = static_cast<std::uint64_t>(h.shape[1]);
   const std::uint64_t piece = count * isz;
+  // The columns to read: all, or the selected ones (runs of neighbours read with one strided call).
+  std::vector<std::uint64_t> all;
+  if (!t.selects()) {
+    all.resize(cols);
+    for (std::uint64_t f = 0; f < cols; ++f) all[f] = f;
+  }
+  const std::vector<std::uint64_t>& wanted = t.selects() ? t.needed_columns() : all;
   std::vector<std::byte> columns;
   const std::byte* base = reader.view();
   std::uint64_t stride = rows * isz;
   std::uint64_t start = static_cast<std::uint64_t>(first) * isz;
   if (base == nullptr) {
+    // Column f's piece lands at f * piece: unread columns leave holes that nothing reads.
     columns.resize(bytes);
-    reader.read_strided(start, piece, stride, cols, columns.data());
+    for (std::size_t i = 0; i < wanted.size();) {
+      std::size_t j = i + 1;
+      while (j < wanted.size() && wanted[j] == wanted[j - 1] + 1) ++j;
+      reader.read_strided(start + wanted[i] * stride, piece, stride, j - i, columns.data() + wanted[i] * piece);
+      i = j;
+    }
     base = columns.data();
     stride = piece;
     start = 0;
@@ -59,9 +72,9 @@ const std::byte* fetch_rows(const ArraySource& source, std::int64_t first, std::
   scratch.resize(bytes);
   std::byte* out = scratch.data();
   copy_guarded(source, 0, h.nbytes, [&] {
-    for (std::uint64_t f = 0; f < cols; ++f) {
+    for (const std::uint64_t f : wanted) {
       const std::byte* src = base + start + f * stride;
-      for (std::uint64_t t = 0; t < count; ++t) std::memcpy(out + (t * cols + f) * isz, src + t * isz, isz);
+      for (std::uint64_t r = 0; r < count; ++r) std::memcpy(out + (r * cols + f) * isz, src + r * isz, isz);
     }
   });
   return out;
@@ -147,11 +160,20 @@ void Gather::hint_will_need() const {
   }
 }
 
-void Gather::convert(const std::byte* src, const ScalarType& type, std::uint64_t elems, std::byte* dst) const {
+void Gather::convert_rows(const RowTransform& t, const std::byte* src, const ScalarType& type, std::uint64_t rows,
+                          std::byte* dst) const {
   if (in_.out_size == 4) {
-    detail::convert<float>(src, type, elems, reinterpret_cast<float*>(dst));
+    t.apply<float>(src, type, rows, reinterpret_cast<float*>(dst));
   } else {
-    detail::convert<double>(src, type, elems, reinterpret_cast<double*>(dst));
+    t.apply<double>(src, type, rows, reinterpret_cast<double*>(dst));
+  }
+}
+
+void Gather::finish_rows(const RowTransform& t, std::byte* dst, std::uint64_t rows) const {
+  if (in_.out_size == 4) {
+    t.finish<float>(reinterpret_cast<float*>(dst), rows);
+  } else {
+    t.finish<double>(reinterpret_cast<double*>(dst), rows);
   }
 }
 
@@ -168,8 +190,9 @@ void Gather::gather_factors(std::size_t begin, std::size_t end, std::vector<std:
   const NpyHeader& h = factor.header();
   const std::int64_t window = in_.window;
   const std::int64_t rows = factor.rows();
+  const RowTransform& t = in_.transform->x();
   const std::uint64_t src_row_bytes = factor.row_elems() * h.itemsize;
-  const std::uint64_t x_row_out = in_.x_row_elems * in_.out_size;
+  const std::uint64_t x_row_out = t.out_elems() * in_.out_size;
   // Window ends in 128 bits (feature_index may be any int64 under bounds='pad'), clipped to the array.
   auto clip = [&](__int128 r) { return static_cast<std::int64_t>(std::clamp<__int128>(r, 0, rows)); };
   auto window_first = [&](const Sample& s) { return static_cast<__int128>(s.feature) - window + 1; };
@@ -186,18 +209,21 @@ void Gather::gather_factors(std::size_t begin, std::size_t end, std::vector<std:
   const bool in_memory = reader.view() != nullptr;
   const std::uint64_t gap = in_memory ? UINT64_MAX : kMergeGapBytes;
   const std::uint64_t span = in_memory ? UINT64_MAX : kMaxSpanBytes;
-  // One window stored exactly as the output wants it, from a reader that reads in place: straight into the batch.
+  // One window stored exactly as the output wants it, from a reader that reads in place: straight into the batch
+  // (replaced and normalised there).
   const ScalarType& st = h.scalar;
-  const bool read_in_place =
-      reader.reads_in_place() && !h.fortran_order && st.kind == 'f' && st.size == in_.out_size && !st.swapped;
+  const bool read_in_place = reader.reads_in_place() && !h.fortran_order && st.kind == 'f' && st.size == in_.out_size &&
+                             !st.swapped && !t.selects();
   for (const Run& run : merge_runs(ranges, src_row_bytes, gap, span)) {
     if (read_in_place && run.end == run.begin + 1 && run.end_row - run.first == window) {
+      std::byte* out = out_of(order_[begin + run.begin]);
       reader.read(static_cast<std::uint64_t>(run.first) * src_row_bytes,
-                  static_cast<std::uint64_t>(window) * src_row_bytes, out_of(order_[begin + run.begin]));
+                  static_cast<std::uint64_t>(window) * src_row_bytes, out);
+      finish_rows(t, out, static_cast<std::uint64_t>(window));
       continue;
     }
     const std::byte* rows_data =
-        run.end_row > run.first ? fetch_rows(factor, run.first, run.end_row, scratch) : nullptr;
+        run.end_row > run.first ? fetch_rows(factor, run.first, run.end_row, scratch, t) : nullptr;
     // The rows may be a mapping's pages: read them guarded (copy_guarded), with nothing allocated inside.
     const std::uint64_t run_offset = static_cast<std::uint64_t>(run.first) * src_row_bytes;
     const std::uint64_t run_bytes =
@@ -214,9 +240,8 @@ void Gather::gather_factors(std::size_t begin, std::size_t end, std::vector<std:
         const std::int64_t inside = std::max<std::int64_t>(b - a, 0);
         std::memset(out, 0, static_cast<std::size_t>(before) * x_row_out);
         if (inside > 0) {
-          convert(rows_data + static_cast<std::uint64_t>(a - run.first) * src_row_bytes, st,
-                  static_cast<std::uint64_t>(inside) * in_.x_row_elems,
-                  out + static_cast<std::uint64_t>(before) * x_row_out);
+          convert_rows(t, rows_data + static_cast<std::uint64_t>(a - run.first) * src_row_bytes, st,
+                       static_cast<std::uint64_t>(inside), out + static_cast<std::uint64_t>(before) * x_row_out);
         }
         const std::int64_t after = window - before - inside;
         std::memset(out + static_cast<std::uint64_t>(before + inside) * x_row_out, 0,
@@ -235,8 +260,9 @@ void Gather::gather_labels(std::size_t begin, std::size_t end, std::vector<std::
   std::sort(by_label.begin(), by_label.end(),
             [&](std::uint32_t a, std::uint32_t b) { return sample_at(a).label < sample_at(b).label; });
   const std::int64_t rows = label.rows();
+  const RowTransform& t = in_.transform->y();
   const std::uint64_t src_row_bytes = label.row_elems() * label.header().itemsize;
-  const std::uint64_t y_row_out = in_.y_row_elems * in_.out_size;
+  const std::uint64_t y_row_out = t.out_elems() * in_.out_size;
   auto out_of = [&](std::uint32_t pos) { return y_ + static_cast<std::uint64_t>(pos) * y_row_out; };
 
   std::size_t inside_begin = 0;
@@ -256,13 +282,13 @@ void Gather::gather_labels(std::size_t begin, std::size_t end, std::vector<std::
   const std::uint64_t gap = in_memory ? UINT64_MAX : kMergeGapBytes;
   const std::uint64_t span = in_memory ? UINT64_MAX : kMaxSpanBytes;
   for (const Run& run : merge_runs(ranges, src_row_bytes, gap, span)) {
-    const std::byte* rows_data = fetch_rows(label, run.first, run.end_row, scratch);
+    const std::byte* rows_data = fetch_rows(label, run.first, run.end_row, scratch, t);
     copy_guarded(label, static_cast<std::uint64_t>(run.first) * src_row_bytes,
                  static_cast<std::uint64_t>(run.end_row - run.first) * src_row_bytes, [&] {
                    for (std::size_t k = inside_begin + run.begin; k < inside_begin + run.end; ++k) {
                      const std::int64_t l = sample_at(by_label[k]).label;
-                     convert(rows_data + static_cast<std::uint64_t>(l - run.first) * src_row_bytes,
-                             label.header().scalar, in_.y_row_elems, out_of(by_label[k]));
+                     convert_rows(t, rows_data + static_cast<std::uint64_t>(l - run.first) * src_row_bytes,
+                                  label.header().scalar, 1, out_of(by_label[k]));
                    }
                  });
   }

@@ -433,4 +433,12 @@ SampleIndex index_from_columns(std::span<const std::int64_t> feature, std::span<
   return index;
 }
 
+SampleIndex keys_only_index(const std::vector<std::string>& keys, const std::string& name) {
+  SampleIndex index;
+  index.keys = keys;
+  index.sources.push_back(name);
+  index.finish();
+  return index;
+}
+
 }  // namespace npyfeed

@@ -53,6 +53,7 @@ WindowSource::WindowSource(SampleIndex index, WindowOptions options)
   if (options_.out_size != 4 && options_.out_size != 8)
     throw InvalidArgument("output dtype must be float32 or float64");
   if (options_.threads < 1) throw InvalidArgument("threads must be at least 1");
+  if (options_.dense) dense_.emplace(*options_.dense, window_);
   const std::size_t keys = index_.keys.size();
   factors_.resize(keys);
   labels_.resize(keys);
@@ -219,24 +220,53 @@ void WindowSource::finish_open() {
       }
     }
   }
-  x_row_elems_ = 1;
-  for (auto d : x_row_shape_) x_row_elems_ *= static_cast<std::uint64_t>(d);
-  y_row_elems_ = 1;
-  for (auto d : y_row_shape_) y_row_elems_ *= static_cast<std::uint64_t>(d);
+  if (!dense_ && index_.size() == 0) {
+    std::string names;
+    for (const auto& n : index_.sources) names += (names.empty() ? "" : ", ") + n;
+    throw InvalidArgument("the index is empty (" + names + ")");
+  }
+  transform_ = GatherTransform(options_.transform, x_row_shape_, y_row_shape_, options_.out_size);
+  x_row_elems_ = transform_.x().out_elems();
+  y_row_elems_ = transform_.y().out_elems();
   // One sample must be addressable: W * row * itemsize in 63 bits (the rows themselves fit, being in a file).
   unsigned __int128 sample_bytes = static_cast<unsigned __int128>(window_) * x_row_elems_ * options_.out_size;
   if (sample_bytes > static_cast<unsigned __int128>(INT64_MAX) / 65536) {
     throw InvalidArgument("window " + std::to_string(window_) + " is too large for rows of " +
                           std::to_string(x_row_elems_) + " elements");
   }
-  if (index_.size() == 0) {
-    std::string names;
-    for (const auto& n : index_.sources) names += (names.empty() ? "" : ", ") + n;
-    throw InvalidArgument("the index is empty (" + names + ")");
+  if (dense_) {
+    std::vector<std::int64_t> rows(factors_.size()), label_rows(labels_.size());
+    for (std::size_t k = 0; k < factors_.size(); ++k) {
+      rows[k] = factors_[k].rows();
+      label_rows[k] = labels_[k].rows();
+    }
+    dense_->layout(rows, label_rows);
+    size_ = dense_->size();
+    if (size_ == 0) {
+      throw InvalidArgument("no window of " + std::to_string(window_) + " rows (label row + horizon " +
+                            std::to_string(dense_->options().horizon) + ") fits in any of the " +
+                            std::to_string(factors_.size()) + " keys' arrays");
+    }
+  } else {
+    apply_bounds();
   }
+  std::size_t reads_in_flight = 1;
+  for (const auto* sources : {&factors_, &labels_}) {
+    for (const ArraySource& s : *sources)
+      reads_in_flight = std::max(reads_in_flight, s.reader->reads_in_flight_per_thread());
+  }
+  gather_workers_ = reads_in_flight * options_.threads;
+  if (!keep_fds_) {
+    // Every worker may open a file for its read (O_DIRECT: a buffered descriptor too, on a fallback): stay
+    // within the descriptor budget whatever the thread count.
+    const std::size_t per_worker = options_.mode == ReadMode::kDirect ? 2 : 1;
+    gather_workers_ = std::clamp<std::size_t>(descriptor_budget() / per_worker, 1, gather_workers_);
+  }
+}
 
-  // One pass over the index, which stays where it is (a shared mapping, usually): only dropped positions
-  // are remembered. The common case (int32 rows inside their arrays) is a few compares per sample.
+// One pass over the index, which stays where it is (a shared mapping, usually): only dropped positions
+// are remembered. The common case (int32 rows inside their arrays) is a few compares per sample.
+void WindowSource::apply_bounds() {
   dropped_.clear();
   skipped_ = 0;
   const std::size_t n = index_.size();
@@ -288,27 +318,15 @@ void WindowSource::finish_open() {
   }
   dropped_.shrink_to_fit();
   size_ = n - dropped_.size();
-  std::size_t reads_in_flight = 1;
-  for (const auto* sources : {&factors_, &labels_}) {
-    for (const ArraySource& s : *sources)
-      reads_in_flight = std::max(reads_in_flight, s.reader->reads_in_flight_per_thread());
-  }
-  gather_workers_ = reads_in_flight * options_.threads;
-  if (!keep_fds_) {
-    // Every worker may open a file for its read (O_DIRECT: a buffered descriptor too, on a fallback): stay
-    // within the descriptor budget whatever the thread count.
-    const std::size_t per_worker = options_.mode == ReadMode::kDirect ? 2 : 1;
-    gather_workers_ = std::clamp<std::size_t>(descriptor_budget() / per_worker, 1, gather_workers_);
-  }
 }
 
 std::vector<std::int64_t> WindowSource::x_shape() const {
   std::vector<std::int64_t> s{window_};
-  s.insert(s.end(), x_row_shape_.begin(), x_row_shape_.end());
+  s.insert(s.end(), transform_.x_row_shape().begin(), transform_.x_row_shape().end());
   return s;
 }
 
-std::vector<std::int64_t> WindowSource::y_shape() const { return y_row_shape_; }
+std::vector<std::int64_t> WindowSource::y_shape() const { return transform_.y_row_shape(); }
 
 // Sample p is index position p + j, where j counts the dropped positions before it: dropped_[k] has k dropped
 // before it and dropped_[k] - k kept ones, so j is the number of k with dropped_[k] - k <= p.
@@ -329,9 +347,16 @@ std::function<std::uint32_t(std::size_t)> WindowSource::sample_keys() const {
   struct Cursor {
     std::size_t next = SIZE_MAX;
     std::uint64_t position = 0;
-    std::size_t dropped = 0;  // entries of dropped_ before `position`
+    std::size_t dropped = 0;      // entries of dropped_ before `position`
+    std::uint32_t dense_key = 0;  // dense: the key of the last sample asked for (asked in order: a walk, no search)
   };
   return [this, at = Cursor{}](std::size_t i) mutable {
+    if (dense_) {
+      if (i != at.next) at.dense_key = dense_->key_of(i);
+      while (i >= dense_->first(at.dense_key) + dense_->count(at.dense_key)) ++at.dense_key;  // past empty keys
+      at.next = i + 1;
+      return at.dense_key;
+    }
     if (i != at.next) {
       at.position = index_position(i);
       at.dropped =
@@ -346,6 +371,7 @@ std::function<std::uint32_t(std::size_t)> WindowSource::sample_keys() const {
 }
 
 Sample WindowSource::sample(std::size_t sample) const {
+  if (dense_) return dense_->sample(sample);
   const std::uint64_t i = index_position(sample);
   return {index_.feature(i), index_.label(i), index_.key(i), static_cast<std::uint32_t>(i)};
 }
@@ -354,6 +380,12 @@ std::string WindowSource::describe(std::size_t sample) const {
   if (sample >= size_) {
     throw IndexOutOfRange("sample " + std::to_string(sample) + " out of range for " + std::to_string(size_) +
                           " samples");
+  }
+  if (dense_) {
+    const Sample s = dense_->sample(sample);
+    return "dense sample " + std::to_string(sample) + ": key '" + index_.keys[s.key] + "', window rows [" +
+           std::to_string(s.feature - window_ + 1) + ", " + std::to_string(s.feature + 1) + ") of " +
+           factors_[s.key].name() + ", label row " + std::to_string(s.label) + " of " + labels_[s.key].name();
   }
   const std::uint64_t i = index_position(sample);
   return index_.where(i) + ": key '" + index_.keys[index_.key(i)] + "', feature_index " +
@@ -388,7 +420,7 @@ std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<st
     (*samples)[b] = sample(static_cast<std::size_t>(sample_ids[b]));
     sample_ids[b] = static_cast<std::int64_t>(b);
   }
-  GatherInput input{&factors_, &labels_, samples.get(), window_, options_.out_size, x_row_elems_, y_row_elems_};
+  GatherInput input{&factors_, &labels_, samples.get(), window_, options_.out_size, &transform_};
   if (arrays != nullptr) {
     input.factors = &arrays->factors;
     input.labels = &arrays->labels;

@@ -111,7 +111,10 @@ def open_window_files(
     io_priority: tuple[int, int] | None = None,
     npz_member: str = "",
     npz_memory_limit: int = 0,
+    transform: dict | None = None,
+    dense: tuple[int, int] | None = None,
 ) -> WindowSourceCore: ...
+def dense_index(keys: Sequence[str], name: str) -> SampleIndex: ...
 def window_source_from_arrays(
     index: SampleIndex,
     factors: Sequence[np.ndarray],
@@ -123,6 +126,7 @@ def window_source_from_arrays(
     cpus: Sequence[int] = ...,
     nice: int | None = None,
     io_priority: tuple[int, int] | None = None,
+    transform: dict | None = None,
 ) -> WindowSourceCore: ...
 def warm_files(
     paths: Sequence[str],

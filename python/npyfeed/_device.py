@@ -45,6 +45,9 @@ class DeviceGather:
     """The arrays of `plan`'s keys on `device`, and the two halves of a step: `rows` (host) and `form` (device)."""
 
     def __init__(self, src, plan, device: str, storage_dtype, budget: int | None):
+        if src._transform is not None:
+            raise ValueError("gather='device' does not apply features=, label_columns=, nan=, posinf=, neginf= or "
+                             "normalize= yet (the device holds the arrays as they are): use gather='host'")
         self.window = src.window
         self.out_dtype = tf.as_dtype(np.dtype(src.dtype))
         self.storage = tf.as_dtype(storage_dtype) if storage_dtype is not None else self.out_dtype

@@ -16,6 +16,7 @@ import numpy as np
 from . import _checks, _core
 from ._resources import MAX_HEADER_SIZE, available_memory, default_npz_memory_limit, resolve_placement, resolve_threads
 from ._resources import cache_dir as _default_cache_dir
+from ._transform import transform_spec
 from .loading import _fspath, _native, _resolve_mode, load_many
 from .plan import DEFAULT_MEMORY_BUDGET, BatchIterator, Plan, shuffle_kind
 
@@ -118,6 +119,25 @@ class WindowSource:
         source's life. This caps their total size in bytes (default: half the memory available, as
         ``MemAvailable`` or a cgroup's limit gives it); going over
         raises ``ValueError`` naming the file.
+    features : sequence of int or slice, optional
+        The factor columns to read (the last axis of ``(T, F)`` files; of the flattened row for N-d rows), in
+        any order, repeats allowed, negative values counting from the end: ``x_shape`` becomes
+        ``(W, len(features))`` and ``x[b, w] == factor[t][features]``. Only those columns are copied (and read,
+        from Fortran-order files). Default: every column, rows as stored.
+    label_columns : sequence of int or slice, optional
+        The same for the label rows: ``y_shape`` becomes ``(len(label_columns),)``.
+    nan, posinf, neginf : float, optional
+        Replace NaN, +inf and -inf in the output (factor and label rows alike), in the same pass, exactly as
+        ``np.nan_to_num(x, nan=nan, posinf=posinf, neginf=neginf)`` does on the converted (`dtype`) output;
+        a value converts to `dtype` first. ``None`` (the default) keeps them.
+    normalize : (mean, std), optional
+        Standardise the factor rows: ``(x - mean) / std`` computed in `dtype` (`mean` and `std` are converted
+        to it first), after the replacement; as ``(x - mean) * (1 / std)``, within an ulp or two of numpy's
+        division (a std whose reciprocal would be subnormal is divided by). Each is one value per selected feature, shape
+        ``(len(features),)`` (or any shape numpy broadcasts to the output row, a scalar included); `mean` must
+        be finite and `std` positive and finite in `dtype`. Labels are never normalised (a loss usually wants
+        them in their own units; scale them with the model's output). Rows that ``bounds="pad"`` adds
+        outside an array stay zeros.
 
     Raises
     ------
@@ -125,42 +145,132 @@ class WindowSource:
         Keys whose factor or label file is missing (the first few are listed).
     ValueError
         A malformed index line (file and line named), files whose row shapes differ, bad arguments (`cpus`
-        this process cannot use among them).
+        this process cannot use among them; a column of `features` or `label_columns` out of range; a `mean`
+        or `std` of the wrong shape or dtype, a std that is not positive and finite), each naming the
+        argument and the value.
+    TypeError
+        A `features` or `label_columns` that is not a sequence of integers or a slice, a replacement that is
+        not a float, a `normalize` that is not a pair.
     PermissionError
         A `nice` or `io_priority` that needs privileges this process lacks.
     IndexError
         With ``bounds="error"``, the first sample outside its arrays.
     NpyFormatError, OSError
         A corrupt or unreadable data file.
+
+    Examples
+    --------
+    A quarter of the factors, NaN as 0, infinities clipped, standardised per feature:
+
+    >>> src = WindowSource("train.idx", "factors", "labels", 100, features=slice(0, 64), nan=0.0,
+    ...                    posinf=1e6, neginf=-1e6, normalize=(mean[:64], std[:64]),
+    ...                    label_columns=[2])  # doctest: +SKIP
+    >>> src.x_shape, src.y_shape  # doctest: +SKIP
+    ((100, 64), (1,))
     """
 
     def __init__(self, index_files, factor_dir, label_dir, window: int, *, mode: str = "auto",
                  threads: int | None = None, dtype="float32", bounds: str = "error", max_header_size: int = MAX_HEADER_SIZE,
                  cpus=None, nice: int | None = None, io_priority=None, cache: bool = True, cache_dir=None,
-                 member: str | None = None, npz_memory_limit: int | None = None):
+                 member: str | None = None, npz_memory_limit: int | None = None, features=None,
+                 label_columns=None, nan: float | None = None, posinf: float | None = None,
+                 neginf: float | None = None, normalize=None):
         window, out_dtype = _check_common(window, dtype, bounds)
-        core_mode = _resolve_mode(mode, auto="mmap")
+        transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
         placement = resolve_placement(cpus, nice, io_priority)
         nthreads = resolve_threads(threads, placement.get("cpus"))
         index, index_cache, built = _load_index(index_files, cache, cache_dir, nthreads)
+        self._open_files(index, factor_dir, label_dir, window, out_dtype, bounds, mode, nthreads, placement,
+                         max_header_size, member, npz_memory_limit, transform)
+        self._index_cache, self._index_built = index_cache, built
+
+    def _open_files(self, index, factor_dir, label_dir, window, out_dtype, bounds, mode, nthreads, placement,
+                    max_header_size, member, npz_memory_limit, transform, dense=None) -> None:
+        core_mode = _resolve_mode(mode, auto="mmap")
         factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
         keys = index.keys
         factor_paths = [os.path.join(factor_dir, k + ".npy") for k in keys]
         label_paths = [os.path.join(label_dir, k + ".npy") for k in keys]
         core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, _dtype_name(out_dtype), bounds, core_mode,
                                        nthreads, max_header_size, **placement, npz_member=member or "",
-                                       npz_memory_limit=npz_memory_limit or default_npz_memory_limit())
+                                       npz_memory_limit=npz_memory_limit or default_npz_memory_limit(),
+                                       transform=transform, dense=dense)
         self._init(core, index, window, out_dtype, core_mode, nthreads, bounds)
-        self._index_cache, self._index_built = index_cache, built
         self._member = member
+        self._transform = transform
         # The files read: `<k>.npz` where the source fell back to it (one stat each, after a successful open).
         self._files = tuple(p if os.path.exists(p) else p[:-4] + ".npz" for p in factor_paths + label_paths)
         self._warn_direct_fallback()
 
     @classmethod
+    def dense(cls, factor_dir, label_dir, window: int, *, stride: int = 1, horizon: int = 0, keys=None,
+              mode: str = "auto", threads: int | None = None, dtype="float32", max_header_size: int = MAX_HEADER_SIZE,
+              cpus=None, nice: int | None = None, io_priority=None, member: str | None = None,
+              npz_memory_limit: int | None = None, features=None, label_columns=None, nan: float | None = None,
+              posinf: float | None = None, neginf: float | None = None, normalize=None) -> WindowSource:
+        """Every window of every key, without an index file.
+
+        Sample ``j`` of key ``k`` is the window ending at row ``i = W - 1 + j * stride`` of
+        ``<factor_dir>/<k>.npy`` (rows ``[i - W + 1, i + 1)``) and row ``i + horizon`` of ``<label_dir>/<k>.npy``
+        (``.npz`` beside them as for `WindowSource`); windows whose label row would be past the end of the label
+        array are left out, as are rows past the end of the factor array. Samples are numbered key by key, then
+        by row, so `epoch_order`, shards, ``shuffle=True`` and ``shuffle="blocks"`` work as for index files. The
+        index is one range per key: no memory per sample.
+
+        Parameters
+        ----------
+        factor_dir, label_dir : str or os.PathLike
+        window : int
+            Rows per sample, W.
+        stride : int
+            Rows between the ends of consecutive windows (at least 1).
+        horizon : int
+            Label row = the window's last row + `horizon` (at least 0): ``horizon=5`` pairs a window with the
+            label five rows later.
+        keys : sequence of str, optional
+            The keys to read, in this order. Default: every ``<k>.npy`` or ``<k>.npz`` in `factor_dir` that has a
+            label file in `label_dir`, sorted by name.
+        mode, threads, dtype, max_header_size, cpus, nice, io_priority, member, npz_memory_limit
+            As for `WindowSource` (there is no `bounds`: every window lies inside its arrays).
+        features, label_columns, nan, posinf, neginf, normalize
+            As for `WindowSource`.
+
+        Raises
+        ------
+        ValueError
+            A `stride` below 1 or a `horizon` below 0 (naming the value), no key found, a key that cannot name a
+            file or is given twice, no window that fits; the errors of `WindowSource`.
+        TypeError
+            A `stride`, `horizon` or `keys` of the wrong type.
+
+        Examples
+        --------
+        >>> src = WindowSource.dense("factors", "labels", 100, stride=5, horizon=1,
+        ...                          features=slice(0, 64), nan=0.0)  # doctest: +SKIP
+        >>> src.describe(0)  # doctest: +SKIP
+        "dense sample 0: key 'k00000', window rows [0, 100) of factors/k00000.npy, label row 100 of ..."
+        """
+        window, out_dtype = _check_common(window, dtype, "error")
+        for name, value in (("stride", stride), ("horizon", horizon)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{name} must be an integer, got {value!r}")
+        transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
+        placement = resolve_placement(cpus, nice, io_priority)
+        nthreads = resolve_threads(threads, placement.get("cpus"))
+        factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
+        keys = _dense_keys(factor_dir, label_dir) if keys is None else _check_keys(keys)
+        self = cls.__new__(cls)
+        self._open_files(_core.dense_index(keys, factor_dir), factor_dir, label_dir, window, out_dtype, "error",
+                         mode, nthreads, placement, max_header_size, member, npz_memory_limit, transform,
+                         dense=(int(stride), int(horizon)))
+        return self
+
+    @classmethod
     def from_arrays(cls, index, factors: Mapping, labels: Mapping, window: int, *, threads: int | None = None,
                     dtype="float32", bounds: str = "error", cpus=None, nice: int | None = None,
-                    io_priority=None, cache: bool = True, cache_dir=None) -> WindowSource:
+                    io_priority=None, cache: bool = True, cache_dir=None, features=None, label_columns=None,
+                    nan: float | None = None, posinf: float | None = None, neginf: float | None = None,
+                    normalize=None) -> WindowSource:
         """Window samples over arrays already in memory, e.g. the dict from `load_factor_files`.
 
         Parameters
@@ -173,8 +283,21 @@ class WindowSource:
             ``mode`` attribute says ``"memory"``.
         cache, cache_dir
             For index files, as for `WindowSource` (a list of tuples is never cached).
+        features, label_columns, nan, posinf, neginf, normalize
+            As for `WindowSource`.
+
+        Examples
+        --------
+        >>> factors = {"a": np.array([[1.0, np.nan], [np.inf, 4.0], [5.0, 6.0]], dtype=np.float32)}
+        >>> labels = {"a": np.arange(6.0).reshape(3, 2)}
+        >>> src = WindowSource.from_arrays([(2, 2, "a")], factors, labels, 2, features=[1, 0], nan=0.0,
+        ...                                posinf=9.0, label_columns=[1])
+        >>> x, y = src.get([0])
+        >>> x.tolist(), y.tolist()
+        ([[[4.0, 9.0], [6.0, 5.0]]], [[5.0]])
         """
         window, out_dtype = _check_common(window, dtype, bounds)
+        transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
         placement = resolve_placement(cpus, nice, io_priority)
         nthreads = resolve_threads(threads, placement.get("cpus"))
         if isinstance(index, (str, bytes, os.PathLike)) or (
@@ -192,9 +315,11 @@ class WindowSource:
         label_arrays = [np.ascontiguousarray(labels[k]) for k in keys]
         # The core reads these arrays in place and keeps them alive itself, as long as it needs them.
         core = _core.window_source_from_arrays(core_index, factor_arrays, label_arrays, window,
-                                               _dtype_name(out_dtype), bounds, nthreads, **placement)
+                                               _dtype_name(out_dtype), bounds, nthreads, **placement,
+                                               transform=transform)
         self = cls.__new__(cls)
         self._init(core, core_index, window, out_dtype, "memory", nthreads, bounds)
+        self._transform = transform
         self._arrays = (factor_arrays, label_arrays)  # already kept alive by the core: no copy
         self._index_cache, self._index_built = index_cache, built
         return self
@@ -210,6 +335,7 @@ class WindowSource:
         self._samples_by_key = None  # shuffle="blocks": the samples grouped by key, made by the first such plan
         self._arrays = None  # from_arrays: (factor arrays, label arrays) in key order
         self._member = None
+        self._transform = None  # features=, label_columns=, nan=, ..., normalize= as the core takes them
         self.bounds = bounds
         self.window = window
         self.dtype = dtype
@@ -461,6 +587,41 @@ class WindowSource:
                          drop_remainder=drop_remainder, memory_budget=memory_budget, prefetch=prefetch,
                          shard_by=shard_by)
         return plan.batches(epoch, start_batch=start_batch)
+
+
+def _dense_keys(factor_dir: str, label_dir: str) -> list:
+    """Keys with a factor file (`.npy` or `.npz`) in `factor_dir` and a label file in `label_dir`, sorted."""
+    try:
+        names = os.listdir(factor_dir)
+    except OSError as e:
+        raise type(e)(e.errno, f"WindowSource.dense: cannot list the factor folder: {e.strerror}", factor_dir) from None
+    stems = sorted({n[:-4] for n in names if n.endswith((".npy", ".npz")) and len(n) > 4})
+    keys = [k for k in stems if os.path.isfile(os.path.join(factor_dir, k + ".npy"))
+            or os.path.isfile(os.path.join(factor_dir, k + ".npz"))]
+    keys = [k for k in keys if os.path.exists(os.path.join(label_dir, k + ".npy"))
+            or os.path.exists(os.path.join(label_dir, k + ".npz"))]
+    if not keys:
+        raise ValueError(f"WindowSource.dense: no key has a factor file in {factor_dir} (<key>.npy or <key>.npz) "
+                         f"and a label file in {label_dir}")
+    return keys
+
+
+def _check_keys(keys) -> list:
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, (Sequence, np.ndarray)):
+        raise TypeError(f"keys must be a sequence of key names, got {keys!r}")
+    out, seen = [], set()
+    for k in keys:
+        if not isinstance(k, str):
+            raise TypeError(f"keys must be strings, got {k!r}")
+        if not k or k in (".", "..") or "/" in k or "\0" in k or (os.sep != "/" and os.sep in k):
+            raise ValueError(f"keys: {k!r} cannot name a file")
+        if k in seen:
+            raise ValueError(f"keys: {k!r} is given twice")
+        seen.add(k)
+        out.append(k)
+    if not out:
+        raise ValueError("keys: no key given")
+    return out
 
 
 def _index_from_tuples(index) -> object:

@@ -1,0 +1,372 @@
+#include "npyfeed/transform.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+#include "npyfeed/detail/convert.hpp"
+#include "npyfeed/errors.hpp"
+
+namespace npyfeed {
+
+namespace {
+
+// kDivide: normalise by dividing by std, where a reciprocal 1/std would be subnormal (else multiplied by it).
+enum : unsigned { kNan = 1, kPosinf = 2, kNeginf = 4, kNormalize = 8, kDivide = 16 };
+
+// Shortest text that reads back as `v` (as Python's repr of a float).
+std::string number_text(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[40];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& s) {  // as Python prints a tuple
+  std::string t = "(";
+  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + (s.size() == 1 ? ",)" : ")");
+}
+
+std::uint64_t elems_of(const std::vector<std::int64_t>& shape) {
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
+// `values` of `shape` broadcast (numpy's rules, the row's shape unchanged) to a row of `row_shape`, flattened.
+std::vector<double> broadcast_to_row(const std::vector<double>& values, const std::vector<std::int64_t>& shape,
+                                     const std::vector<std::int64_t>& row_shape, const std::string& what) {
+  const std::size_t nd = row_shape.size();
+  bool fits = shape.size() <= nd && values.size() == elems_of(shape);
+  for (std::size_t k = 0; fits && k < shape.size(); ++k) {
+    const std::int64_t d = shape[shape.size() - 1 - k];
+    fits = d == 1 || d == row_shape[nd - 1 - k];
+  }
+  if (!fits) {
+    throw InvalidArgument("normalize: " + what + " of shape " + shape_text(shape) +
+                          " does not broadcast to the rows of shape " + shape_text(row_shape) +
+                          " (one value per selected feature, or a shape numpy broadcasts to the row)");
+  }
+  const std::uint64_t n = elems_of(row_shape);
+  std::vector<double> out(n);
+  std::vector<std::int64_t> at(nd, 0);  // multi-index of element e of the row
+  for (std::uint64_t e = 0; e < n; ++e) {
+    std::uint64_t flat = 0;
+    for (std::size_t k = 0; k < shape.size(); ++k) {
+      const std::int64_t d = shape[k];
+      const std::int64_t i = d == 1 ? 0 : at[nd - shape.size() + k];
+      flat = flat * static_cast<std::uint64_t>(d) + static_cast<std::uint64_t>(i);
+    }
+    out[e] = values[flat];
+    for (std::size_t k = nd; k-- > 0;) {
+      if (++at[k] < row_shape[k]) break;
+      at[k] = 0;
+    }
+  }
+  return out;
+}
+
+template <class Out>
+struct FinishArgs {
+  Out nan, posinf, neginf;
+  const Out* mean;
+  const Out* std;
+  std::uint64_t elems;  // per row
+};
+
+// One branch-free loop per combination of options, so each vectorises on its own; from `src` (rows already in
+// the output type: the source's own elements, or `dst` itself) to `dst`, so that a source stored as the output
+// wants it is read once, not copied and then passed over again.
+// The arguments are copied into locals first: the stores could otherwise alias them, and reloading them for every
+// element keeps the loop scalar.
+// Normalisation multiplies by 1/std (rounded once to Out): within an ulp of numpy's division, and several times
+// cheaper. Replacement tests one block of elements for any NaN or infinity first (all exponent bits set: one AND
+// and one compare per element, fused with the copy where nothing else changes the values) and replaces only in
+// blocks that hold one: data is mostly finite, and the three selects would cost more than the copy.
+template <class Out, unsigned F>
+[[gnu::always_inline]] inline void finish_body(const FinishArgs<Out>& a, const Out* src, Out* dst, std::uint64_t rows) {
+  using Bits = std::conditional_t<sizeof(Out) == 4, std::uint32_t, std::uint64_t>;
+  constexpr Bits kExponent = static_cast<Bits>(sizeof(Out) == 4 ? 0x7F800000ull : 0x7FF0000000000000ull);
+  constexpr Out kInf = std::numeric_limits<Out>::infinity();
+  constexpr std::uint64_t kBlock = 256;
+  constexpr bool kReplace = (F & (kNan | kPosinf | kNeginf)) != 0;
+  const Out nan = a.nan, posinf = a.posinf, neginf = a.neginf;
+  const Out* const mean = a.mean;
+  const Out* const scale = a.std;  // 1/std, or std under kDivide
+  const std::uint64_t n = a.elems;
+  auto normalized = [&](Out v, std::uint64_t j) {
+    if constexpr ((F & kNormalize) != 0 && (F & kDivide) != 0) v = (v - mean[j]) / scale[j];
+    if constexpr ((F & kNormalize) != 0 && (F & kDivide) == 0) v = (v - mean[j]) * scale[j];
+    return v;
+  };
+  auto special = [&](Out v) {
+    Bits bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    return (bits & kExponent) == kExponent ? Bits{1} : Bits{0};
+  };
+  for (std::uint64_t r = 0; r < rows; ++r) {
+    const Out* in = src + r * n;
+    Out* row = dst + r * n;
+    for (std::uint64_t j0 = 0; j0 < n; j0 += kBlock) {
+      const std::uint64_t end = std::min(n, j0 + kBlock);
+      if constexpr (kReplace) {
+        Bits any = 0;
+        if constexpr ((F & kNormalize) == 0) {
+          // Copied while testing (in place, the same values are written back): a block without NaN or inf is done.
+          for (std::uint64_t j = j0; j < end; ++j) {
+            const Out v = in[j];
+            any |= special(v);
+            row[j] = v;
+          }
+          if (any == 0) continue;
+        } else {
+          for (std::uint64_t j = j0; j < end; ++j) any |= special(in[j]);
+        }
+        if (any != 0) {
+          for (std::uint64_t j = j0; j < end; ++j) {
+            Out v = in[j];
+            if constexpr ((F & kNan) != 0) v = v != v ? nan : v;
+            if constexpr ((F & kPosinf) != 0) v = v == kInf ? posinf : v;
+            if constexpr ((F & kNeginf) != 0) v = v == -kInf ? neginf : v;
+            row[j] = normalized(v, j);
+          }
+          continue;
+        }
+      }
+      for (std::uint64_t j = j0; j < end; ++j) row[j] = normalized(in[j], j);
+    }
+  }
+}
+
+// The loops compiled twice: for the baseline ISA and, on x86-64, for AVX2 (twice the lanes: the difference between
+// a pass that costs half the copy and one that hides under it), chosen once at run time.
+template <class Out, unsigned F>
+void finish_rows(const FinishArgs<Out>& a, const Out* src, Out* dst, std::uint64_t rows) {
+  finish_body<Out, F>(a, src, dst, rows);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define NPYFEED_HAVE_AVX2_KERNELS 1
+template <class Out, unsigned F>
+[[gnu::target("avx2")]] void finish_rows_avx2(const FinishArgs<Out>& a, const Out* src, Out* dst, std::uint64_t rows) {
+  finish_body<Out, F>(a, src, dst, rows);
+}
+#endif
+
+template <class Out>
+using FinishFn = void (*)(const FinishArgs<Out>&, const Out*, Out*, std::uint64_t);
+
+template <class Out, std::size_t... I>
+std::array<FinishFn<Out>, sizeof...(I)> finish_table(std::index_sequence<I...>) {
+#ifdef NPYFEED_HAVE_AVX2_KERNELS
+  if (__builtin_cpu_supports("avx2")) return {&finish_rows_avx2<Out, I>...};
+#endif
+  return {&finish_rows<Out, I>...};
+}
+
+}  // namespace
+
+std::vector<std::int64_t> ColumnSpec::resolve(std::uint64_t length, const std::string& argument) const {
+  const auto n = static_cast<std::int64_t>(length);
+  std::vector<std::int64_t> out;
+  switch (kind) {
+    case Kind::kAll:
+      out.resize(length);
+      for (std::int64_t c = 0; c < n; ++c) out[static_cast<std::size_t>(c)] = c;
+      return out;
+    case Kind::kList:
+      out.reserve(list.size());
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        const std::int64_t c = list[i];
+        if (c < -n || c >= n) {
+          throw InvalidArgument(argument + ": column " + std::to_string(c) + " (position " + std::to_string(i) +
+                                ") is out of range for rows of " + std::to_string(n) + " columns");
+        }
+        out.push_back(c < 0 ? c + n : c);
+      }
+      break;
+    case Kind::kSlice: {
+      // Python's slice.indices(length).
+      const std::int64_t s = step.value_or(1);
+      if (s == 0) throw InvalidArgument(argument + ": slice step cannot be zero");
+      const std::int64_t lower = s > 0 ? 0 : -1;
+      const std::int64_t upper = s > 0 ? n : n - 1;
+      auto clamp = [&](std::optional<std::int64_t> v, std::int64_t none) {
+        if (!v) return none;
+        std::int64_t x = *v;
+        if (x < 0) {
+          x = x < -n ? lower : x + n;
+          return std::max(x, lower);
+        }
+        return std::min(x, upper);
+      };
+      const std::int64_t first = clamp(start, s > 0 ? lower : upper);
+      const std::int64_t last = clamp(stop, s > 0 ? upper : lower);
+      for (std::int64_t c = first; s > 0 ? c < last : c > last; c += s) out.push_back(c);
+      if (out.empty()) {
+        auto part = [](std::optional<std::int64_t> v) { return v ? std::to_string(*v) : std::string("None"); };
+        throw InvalidArgument(argument + ": slice(" + part(start) + ", " + part(stop) + ", " + part(step) +
+                              ") selects no columns of rows of " + std::to_string(n) + " columns");
+      }
+      return out;
+    }
+  }
+  if (out.empty()) throw InvalidArgument(argument + ": selects no columns (give at least one)");
+  return out;
+}
+
+RowTransform::RowTransform(std::uint64_t src_elems, std::vector<std::int64_t> columns, bool select,
+                           const TransformOptions& o, std::vector<double> mean, std::vector<double> std)
+    : src_elems_(src_elems), out_elems_(select ? columns.size() : src_elems), select_(select) {
+  for (std::size_t j = 0; select_ && j < columns.size(); ++j) {
+    const auto c = static_cast<std::uint64_t>(columns[j]);
+    if (!runs_.empty() && runs_.back().src + runs_.back().len == c && runs_.back().dst + runs_.back().len == j) {
+      ++runs_.back().len;
+    } else {
+      runs_.push_back({c, j, 1});
+    }
+    needed_.push_back(c);
+  }
+  std::sort(needed_.begin(), needed_.end());
+  needed_.erase(std::unique(needed_.begin(), needed_.end()), needed_.end());
+  // Many short runs (a scattered list): one index per output column instead, a loop the compiler can vectorise.
+  if (select_ && runs_.size() * 4 > out_elems_ && src_elems_ <= UINT32_MAX) {
+    gather_.assign(columns.begin(), columns.end());
+  }
+  if (o.nan) flags_ |= kNan, nan_ = *o.nan;
+  if (o.posinf) flags_ |= kPosinf, posinf_ = *o.posinf;
+  if (o.neginf) flags_ |= kNeginf, neginf_ = *o.neginf;
+  if (!mean.empty()) {
+    flags_ |= kNormalize;
+    // Per output dtype: the mean, and 1/std rounded once from the std in that dtype; the std itself where any
+    // reciprocal would be subnormal (a std above ~1e38 as a float32), so that no precision is lost.
+    mean32_.assign(mean.begin(), mean.end());
+    mean64_ = std::move(mean);
+    for (const double sd : std) {
+      const auto s32 = static_cast<float>(sd);
+      scale32_.push_back(1.0f / s32);
+      scale64_.push_back(1.0 / sd);
+      divide32_ = divide32_ || !std::isnormal(scale32_.back());
+      divide64_ = divide64_ || !std::isnormal(scale64_.back());
+    }
+    if (divide32_) scale32_.assign(std.begin(), std.end());
+    if (divide64_) scale64_ = std::move(std);
+  }
+}
+
+template <class Out>
+void RowTransform::finish(Out* dst, std::uint64_t rows) const {
+  finish_from(dst, dst, rows);
+}
+
+template <class Out>
+void RowTransform::finish_from(const Out* src, Out* dst, std::uint64_t rows) const {
+  if (flags_ == 0) return;
+  static const auto table = finish_table<Out>(std::make_index_sequence<32>());
+  FinishArgs<Out> a{
+      static_cast<Out>(nan_), static_cast<Out>(posinf_), static_cast<Out>(neginf_), nullptr, nullptr, out_elems_};
+  unsigned flags = flags_;
+  if constexpr (sizeof(Out) == 4) {
+    a.mean = mean32_.data();
+    a.std = scale32_.data();
+    if (divide32_) flags |= kDivide;
+  } else {
+    a.mean = mean64_.data();
+    a.std = scale64_.data();
+    if (divide64_) flags |= kDivide;
+  }
+  table[flags](a, src, dst, rows);
+}
+
+template <class Out>
+void RowTransform::apply(const std::byte* src, const ScalarType& type, std::uint64_t rows, Out* dst) const {
+  const bool native = type.kind == 'f' && type.size == sizeof(Out) && !type.swapped &&
+                      reinterpret_cast<std::uintptr_t>(src) % alignof(Out) == 0;
+  if (!select_) {
+    if (flags_ == 0) return detail::convert(src, type, rows * src_elems_, dst);    // the plain gather, unchanged
+    if (native) return finish_from(reinterpret_cast<const Out*>(src), dst, rows);  // one pass, source to batch
+    // Converted a few rows at a time, each finished while it is still in cache.
+    const std::uint64_t chunk = std::max<std::uint64_t>(1, 4096 / std::max<std::uint64_t>(src_elems_, 1));
+    for (std::uint64_t r = 0; r < rows; r += chunk) {
+      const std::uint64_t n = std::min(chunk, rows - r);
+      Out* d = dst + r * src_elems_;
+      detail::convert(src + r * src_elems_ * type.size, type, n * src_elems_, d);
+      finish(d, n);
+    }
+    return;
+  }
+  // A selection: row by row, each finished at once (a row of the output is short, and in cache).
+  const std::uint64_t isz = type.size;
+  const std::uint64_t row_bytes = src_elems_ * isz;
+  const bool gather = !gather_.empty() && native;
+  const std::uint32_t* cols = gather_.data();
+  for (std::uint64_t r = 0; r < rows; ++r) {
+    const std::byte* s = src + r * row_bytes;
+    Out* d = dst + r * out_elems_;
+    if (gather) {
+      const Out* in = reinterpret_cast<const Out*>(s);
+      for (std::uint64_t j = 0; j < out_elems_; ++j) d[j] = in[cols[j]];
+    } else {
+      for (const ColumnRun& run : runs_) detail::convert(s + run.src * isz, type, run.len, d + run.dst);
+    }
+    finish(d, 1);
+  }
+}
+
+template void RowTransform::apply<float>(const std::byte*, const ScalarType&, std::uint64_t, float*) const;
+template void RowTransform::apply<double>(const std::byte*, const ScalarType&, std::uint64_t, double*) const;
+template void RowTransform::finish<float>(float*, std::uint64_t) const;
+template void RowTransform::finish<double>(double*, std::uint64_t) const;
+template void RowTransform::finish_from<float>(const float*, float*, std::uint64_t) const;
+template void RowTransform::finish_from<double>(const double*, double*, std::uint64_t) const;
+
+GatherTransform::GatherTransform(const TransformOptions& o, const std::vector<std::int64_t>& x_row_shape,
+                                 const std::vector<std::int64_t>& y_row_shape, std::uint32_t out_size) {
+  const std::uint64_t x_elems = elems_of(x_row_shape);
+  const std::uint64_t y_elems = elems_of(y_row_shape);
+  const bool select_x = o.features.kind != ColumnSpec::Kind::kAll;
+  const bool select_y = o.label_columns.kind != ColumnSpec::Kind::kAll;
+  std::vector<std::int64_t> x_cols, y_cols;
+  if (select_x) x_cols = o.features.resolve(x_elems, "features");
+  if (select_y) y_cols = o.label_columns.resolve(y_elems, "label_columns");
+  x_shape_ = select_x ? std::vector<std::int64_t>{static_cast<std::int64_t>(x_cols.size())} : x_row_shape;
+  y_shape_ = select_y ? std::vector<std::int64_t>{static_cast<std::int64_t>(y_cols.size())} : y_row_shape;
+
+  std::vector<double> mean, std;
+  if (o.normalize) {
+    mean = broadcast_to_row(o.mean, o.mean_shape, x_shape_, "mean");
+    std = broadcast_to_row(o.std, o.std_shape, x_shape_, "std");
+    // Finite in the output dtype too (1e300 is infinite as a float32, and 1e-50 a zero std).
+    auto finite_out = [&](double v) { return out_size == 4 ? std::isfinite(static_cast<float>(v)) : std::isfinite(v); };
+    const std::string as_out = out_size == 4 ? " as a float32" : "";
+    for (std::size_t i = 0; i < o.mean.size(); ++i) {
+      if (!finite_out(o.mean[i])) {
+        throw InvalidArgument("normalize: mean[" + std::to_string(i) + "] is " + number_text(o.mean[i]) +
+                              " (the mean must be finite" + as_out + ")");
+      }
+    }
+    for (std::size_t i = 0; i < o.std.size(); ++i) {
+      const double s = o.std[i];
+      if (!finite_out(s) || !(out_size == 4 ? static_cast<float>(s) > 0 : s > 0)) {
+        throw InvalidArgument("normalize: std[" + std::to_string(i) + "] is " + number_text(s) +
+                              " (the std must be positive and finite" + as_out + ")");
+      }
+    }
+  }
+  x_ = RowTransform(x_elems, std::move(x_cols), select_x, o, std::move(mean), std::move(std));
+  y_ = RowTransform(y_elems, std::move(y_cols), select_y, o, {}, {});
+}
+
+}  // namespace npyfeed
