@@ -34,8 +34,10 @@ except ImportError as e:  # pragma: no cover - the message is what matters
     raise ImportError("npyfeed.keras needs Keras 3: pip install 'npyfeed[keras]' (or keras>=3 and a backend: "
                       "tensorflow, jax or torch)") from e
 
-if int(keras.__version__.split(".")[0]) < 3:
-    raise ImportError(f"npyfeed.keras needs Keras 3 (its PyDataset); this environment has Keras {keras.__version__}: "
+# (A str check first: the docs build mocks Keras.)
+if isinstance(keras.__version__, str) and (int(keras.__version__.split(".")[0]) < 3
+                                           or not hasattr(keras.utils.PyDataset, "on_epoch_begin")):
+    raise ImportError(f"npyfeed.keras needs Keras 3 (a PyDataset with on_epoch_begin; tested with 3.15); this environment has Keras {keras.__version__}: "
                       "pip install 'npyfeed[keras]', or use npyfeed.tf.dataset with tf.keras")
 
 __all__ = ["PyDataset"]
