@@ -169,3 +169,45 @@ def test_pin_memory(src):
         pytest.skip("pin_memory needs an accelerator")
     for x, _y in DataLoader(nft.WindowDataset(src, 5), batch_size=None, num_workers=0, pin_memory=True):
         assert x.is_pinned()
+
+
+RANK = """
+import sys
+import numpy as np
+import torch.distributed as dist
+import npyfeed, npyfeed.torch
+
+rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+rng = np.random.default_rng(9)
+factors = {k: rng.standard_normal((30, 3)).astype(np.float32) for k in "abc"}
+labels = {k: rng.standard_normal((30, 2)).astype(np.float32) for k in "abc"}
+src = npyfeed.WindowSource.from_arrays([(r, r, k) for k in "abc" for r in range(3, 30)], factors, labels, 4)
+ds = npyfeed.torch.WindowDataset(src, 5, shuffle=True, seed=2)  # rank and world size from the process group
+assert (ds.rank, ds.world_size) == (rank, 2)
+ids = []
+for epoch in range(2):
+    for b, (x, _y) in enumerate(ds):
+        expected = src.get(ds.plan.ids(epoch, b))[0]
+        assert np.array_equal(x.numpy(), expected)
+        ids.append(ds.plan.ids(epoch, b) + epoch * len(src))
+np.save(out, np.concatenate(ids))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_two_ranks_of_a_process_group_read_each_epoch_exactly_once(tmp_path):
+    import subprocess
+    import sys
+
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available")
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(tmp_path / "store"),
+                               str(tmp_path / f"ids{rank}.npy")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for rank in range(2)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, out + err[-4000:]
+    ids = np.concatenate([np.load(tmp_path / f"ids{rank}.npy") for rank in range(2)])
+    np.testing.assert_array_equal(np.sort(ids), np.arange(2 * 81))  # 2 epochs of 81 samples, each once
