@@ -1,6 +1,6 @@
 """npyfeed.keras.PyDataset: item i is batch i of the current epoch, equal to the numpy iterator's (``src.batches``,
 the oracle) for every order kind and shard; epochs follow Keras' on_epoch_begin/on_epoch_end (and its extra
-on_epoch_end before the first epoch); ``model.fit`` on the TensorFlow and the JAX backend (each in a subprocess:
+on_epoch_end before the first epoch); ``model.fit`` on the TensorFlow, JAX and PyTorch backends (each in a subprocess:
 the backend is chosen when Keras is first imported) sees exactly those batches, and a resumed fit
 (``initial_epoch=k`` over a dataset made with ``epoch=k``) the epochs an uninterrupted one would have read."""
 
@@ -211,10 +211,10 @@ FIT = textwrap.dedent("""
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shuffle", [True, "blocks"], ids=["shuffled", "blocks"])
-@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
 def test_model_fit_reads_the_epochs_and_resumes(backend, shuffle, tmp_path):
     if importlib.util.find_spec(backend) is None:
-        pytest.skip(f"{backend} is not installed (pip install 'npyfeed[keras]')")
+        pytest.skip(f"{backend} is not installed (pip install 'npyfeed[{ {'tensorflow': 'tf', 'jax': 'keras'}.get(backend, backend)}]')")
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu",
                CUDA_VISIBLE_DEVICES="")
     code = FIT.replace("SHUFFLE", repr(shuffle))
