@@ -209,12 +209,15 @@ FIT = textwrap.dedent("""
 """)
 
 
+EXTRA = {"tensorflow": "tf", "jax": "keras", "torch": "torch"}  # the extra that installs each backend
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("shuffle", [True, "blocks"], ids=["shuffled", "blocks"])
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
 def test_model_fit_reads_the_epochs_and_resumes(backend, shuffle, tmp_path):
     if importlib.util.find_spec(backend) is None:
-        pytest.skip(f"{backend} is not installed (pip install 'npyfeed[{ {'tensorflow': 'tf', 'jax': 'keras'}.get(backend, backend)}]')")
+        pytest.skip(f"{backend} is not installed (pip install 'npyfeed[{EXTRA[backend]}]')")
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu",
                CUDA_VISIBLE_DEVICES="")
     code = FIT.replace("SHUFFLE", repr(shuffle))
