@@ -777,6 +777,70 @@ def option_rows(by: dict, dtypes) -> list:
     return out
 
 
+# ---------------------------------------------------------------- framework adapters (Keras 3, PyTorch)
+#
+# Rows "keras" and "torch" (``--only keras,torch``): the adapters of npyfeed.keras and npyfeed.torch over a
+# mode="mmap" source, read as their frameworks read them, against (e) npyfeed mmap in the same run. Warm only:
+# the gather is (e)'s, so a cold row would measure the same reads again.
+
+
+class NpyfeedKeras(Npyfeed):
+    """npyfeed.keras.PyDataset: ``ds[i]`` for i = 0, 1, ... within one epoch, as Keras' data adapter asks
+    (``fit(..., shuffle=False)``); the backend does not matter here, the items are numpy batches."""
+
+    tag = "keras"
+
+    def __init__(self):
+        super().__init__("mmap", caches=("warm",))
+        self.name = "npyfeed.keras.PyDataset mmap"
+
+    def open(self, data, batches, log):
+        import npyfeed.keras as nfk
+
+        self.src = self.make_source(data)
+        ds = nfk.PyDataset(self.src, data.batch, shuffle=True, seed=data.seed)
+
+        def run():
+            ds.on_epoch_begin()
+            return _count((ds[i] for i in range(len(ds))), batches)
+        return run
+
+
+class NpyfeedTorch(Npyfeed):
+    """npyfeed.torch.WindowDataset in ``DataLoader(ds, batch_size=None, num_workers=0)``: tensors sharing the
+    batch memory."""
+
+    tag = "torch"
+
+    def __init__(self):
+        super().__init__("mmap", caches=("warm",))
+        self.name = "npyfeed.torch.WindowDataset mmap"
+
+    def open(self, data, batches, log):
+        import npyfeed.torch as nft
+        from torch.utils.data import DataLoader
+
+        self.src = self.make_source(data)
+        loader = DataLoader(nft.WindowDataset(self.src, data.batch, shuffle=True, seed=data.seed), batch_size=None)
+
+        def run():
+            return _count(iter(loader), batches)
+        return run
+
+
+def adapter_contenders() -> list:
+    """The framework adapters whose framework is installed (Keras 3 for npyfeed.keras)."""
+    out = []
+    if importlib.util.find_spec("keras") is not None:
+        from importlib.metadata import version
+
+        if int(version("keras").split(".")[0]) >= 3:
+            out.append(NpyfeedKeras())
+    if importlib.util.find_spec("torch") is not None:
+        out.append(NpyfeedTorch())
+    return out
+
+
 def build_contenders(args, tf) -> list:
     out = []
     if tf is not None:
@@ -789,6 +853,8 @@ def build_contenders(args, tf) -> list:
             out += tf_handoff_contenders() + [TFInRamGather(tf)]
         else:
             print("note: npyfeed.tf is not installed yet: (f) skipped", file=sys.stderr)
+    if args.only and ({"keras", "torch"} & {w.strip() for w in args.only.split(",")}):
+        out += adapter_contenders()  # only when asked for: they import their frameworks
     if args.only:
         wanted = {w.strip() for w in args.only.split(",") if w.strip()}
         out = [c for c in out if c.tag in wanted or c.name in wanted
@@ -858,7 +924,8 @@ def parse_args(argv=None):
     g.add_argument("--only", default=None,
                    help="comma-separated tags to run only some contenders: a,b,c,d,m,e,f,fg,fn,fgn,t,o or "
                         "e-mmap,e-read,e-direct (f/fg: npyfeed.tf native, fn/fgn: its numpy_function fallback, "
-                        "t: pure TensorFlow in-RAM gather, o: the gather options)")
+                        "t: pure TensorFlow in-RAM gather, o: the gather options); keras, torch: the framework "
+                        "adapters (only when named)")
     args = p.parse_args(argv)
     args.dtypes = [args.dtype] if args.dtype else [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if args.quick:

@@ -1,9 +1,10 @@
 """Sphinx configuration of npyfeed's documentation: ``sphinx-build -W --keep-going -b html docs <out>``.
 
 The API pages are generated from the docstrings of the *installed* npyfeed (``pip install '.[docs]'``): autodoc
-imports the package, whose compiled core only exists once built. TensorFlow is mocked (``autodoc_mock_imports``)
-so that the docs extra does not pull in a 600 MB wheel: ``npyfeed.tf`` is a thin module whose one public function
-is documented from its own signature and docstring, none of which TensorFlow computes. Nothing is fetched at
+imports the package, whose compiled core only exists once built. TensorFlow, Keras, PyTorch and JAX are mocked
+(``autodoc_mock_imports``) so that the docs extra does not pull in their wheels: ``npyfeed.tf``, ``npyfeed.keras``
+and ``npyfeed.torch`` are thin modules documented from their own signatures and docstrings, none of which a
+framework computes. Nothing is fetched at
 build time (no intersphinx): the docs build offline.
 """
 
@@ -25,7 +26,7 @@ exclude_patterns = ["_build"]
 myst_heading_anchors = 3
 nitpicky = True  # every cross-reference must resolve (with -W, a broken one fails the build)
 
-autodoc_mock_imports = ["tensorflow"]
+autodoc_mock_imports = ["tensorflow", "keras", "torch", "jax"]
 autodoc_typehints = "none"  # numpydoc's Parameters sections already give the types
 autodoc_member_order = "bysource"
 numpydoc_show_class_members = False  # members are listed explicitly on the API page

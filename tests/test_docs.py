@@ -8,6 +8,7 @@ or ``<!-- signature -->`` line just above its fence).
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import importlib.util
 import inspect
 import os
@@ -30,6 +31,31 @@ def _needs_tf(code: str) -> bool:
     return bool(re.search(r"^\s*(import tensorflow|import npyfeed.tf|import npyfeed, npyfeed.tf)", code, re.M))
 
 
+def _frameworks(code: str) -> set:
+    """The frameworks other than TensorFlow a block imports (npyfeed's adapters count as theirs), and the Keras
+    backend it chooses."""
+    names = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    found = {n.split(".")[0] for n in names} | {n.split(".")[1] for n in names if n.startswith("npyfeed.")}
+    backend = re.search(r"KERAS_BACKEND\"\] = \"(\w+)\"", code)
+    if backend and backend.group(1) != "tensorflow":
+        found.add(backend.group(1))
+    return found & {"keras", "torch", "torchdata", "jax"}
+
+
+def _missing_framework(code: str) -> str | None:
+    for name in sorted(_frameworks(code)):
+        if importlib.util.find_spec(name) is None:
+            return f"{name} is not installed"
+        if name == "keras" and int(importlib.metadata.version("keras").split(".")[0]) < 3:
+            return "the block needs Keras 3"
+    return None
+
+
 def test_the_markers_are_on_python_blocks():
     assert len(RUNNABLE) >= 8 and len(SIGNATURE_BLOCKS) >= 4
     for block in RUNNABLE + SIGNATURE_BLOCKS:
@@ -37,11 +63,15 @@ def test_the_markers_are_on_python_blocks():
         ast.parse(block.code)
 
 
-@pytest.mark.parametrize("block", [pytest.param(b, id=b.id, marks=[pytest.mark.slow] if _needs_tf(b.code) else [])
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.id, marks=[pytest.mark.slow]
+                                                if _needs_tf(b.code) or _frameworks(b.code) else [])
                                    for b in RUNNABLE])
 def test_runnable_block_runs_as_shown(block, tmp_path):
     if _needs_tf(block.code) and not HAVE_TF:
         pytest.skip("TensorFlow is not installed")
+    missing = _missing_framework(block.code)
+    if missing:
+        pytest.skip(missing)
     env = dict(os.environ, NPYFEED_CACHE_DIR=str(tmp_path / "cache"))  # the index cache and warm's lock file
     proc = subprocess.run([sys.executable, "-c", PRELUDE + block.code], capture_output=True, text=True,
                           timeout=300, env=env, cwd=tmp_path)
@@ -96,12 +126,30 @@ def test_the_tf_adapter_is_on_the_api_page():
     assert "npyfeed.tf.dataset" in _documented()
 
 
-@pytest.mark.parametrize("cls", [npyfeed.WindowSource, npyfeed.BatchIterator, npyfeed.Plan, npyfeed.WarmReport],
-                         ids=lambda c: c.__name__)
+def test_the_framework_adapters_are_on_the_api_page():
+    assert {"npyfeed.keras.PyDataset", "npyfeed.torch.WindowDataset"} <= _documented()
+
+
+def _adapter_class(module: str, name: str):
+    """An adapter's class, or a skip where its framework is missing."""
+    if module == "keras" and int(importlib.metadata.version("keras").split(".")[0] if
+                                 importlib.util.find_spec("keras") else 0) < 3:
+        pytest.skip("npyfeed.keras needs Keras 3")
+    pytest.importorskip(module)
+    return getattr(importlib.import_module(f"npyfeed.{module}"), name)
+
+
+@pytest.mark.parametrize("cls", [npyfeed.WindowSource, npyfeed.BatchIterator, npyfeed.Plan, npyfeed.WarmReport,
+                                 ("keras", "PyDataset"), ("torch", "WindowDataset")],
+                         ids=lambda c: c.__name__ if isinstance(c, type) else ".".join(c))
 def test_public_methods_and_properties_are_on_the_api_page(cls):
+    if not isinstance(cls, type):
+        cls = _adapter_class(*cls)
     text = API.read_text(encoding="utf-8")
-    directive = re.search(rf"^\.\. autoclass:: npyfeed\.{cls.__name__}\n((?:   .*\n|\s*\n)*)", text, re.M)
-    assert directive, f"docs/api.rst has no autoclass for {cls.__name__}"
+    qualified = cls.__module__ + "." + cls.__name__ if cls.__module__ in ("npyfeed.keras", "npyfeed.torch") \
+        else "npyfeed." + cls.__name__
+    directive = re.search(rf"^\.\. autoclass:: {re.escape(qualified)}\n((?:   .*\n|\s*\n)*)", text, re.M)
+    assert directive, f"docs/api.rst has no autoclass for {qualified}"
     members = set(re.findall(r"\w+", " ".join(re.findall(r":members:(.*(?:\n {13,}.*)*)", directive.group(1)))))
     public = {name for name, value in vars(cls).items() if not name.startswith("_")
               and (isinstance(value, (property, classmethod, staticmethod)) or inspect.isfunction(value))}

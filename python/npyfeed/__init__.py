@@ -16,11 +16,12 @@ del PackageNotFoundError, version
 
 
 def __getattr__(name):
-    # `npyfeed.tf` imports TensorFlow, so it is loaded only when asked for.
-    if name == "tf":
+    # The framework adapters import their framework (`npyfeed.tf` TensorFlow, `npyfeed.keras` Keras 3,
+    # `npyfeed.torch` PyTorch), so each is loaded only when asked for.
+    if name in ("tf", "keras", "torch"):
         import importlib
 
-        return importlib.import_module(".tf", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [

@@ -1,0 +1,177 @@
+"""PyTorch over a `WindowSource`. This is the only module that imports PyTorch.
+
+``import npyfeed`` never imports torch; ``import npyfeed.torch`` (or the attribute ``npyfeed.torch``) does.
+
+`WindowDataset` is an ``IterableDataset`` of whole ``(x, y)`` batches, read from the plan (`Plan.batches`: a
+C++ stream that gathers the next ``prefetch`` batches ahead, GIL released) and handed over as tensors that share
+the batch's memory (``torch.from_numpy``: no copy). Use it with ``DataLoader(ds, batch_size=None)`` (the batches
+are already made) and ``num_workers=0`` (npyfeed's threads do the work).
+
+Position: the dataset remembers the next batch it will yield, ``(epoch, batch)``. Each ``iter(ds)`` reads from
+there to the end of that epoch; after an epoch's last batch the position is the next epoch's first, so each
+pass over a ``DataLoader`` is the next epoch. `set_epoch` moves it, like ``DistributedSampler.set_epoch``;
+``state_dict()`` / ``load_state_dict()`` save and restore it, as torchdata's ``StatefulDataLoader`` calls them.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from . import _checks
+
+try:
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+except ImportError as e:  # pragma: no cover - the message is what matters
+    raise ImportError("npyfeed.torch needs PyTorch: pip install 'npyfeed[torch]'") from e
+
+__all__ = ["WindowDataset"]
+
+_NO_WORKERS = ("npyfeed.torch.WindowDataset runs in the main process only: use DataLoader(..., num_workers=0). "
+               "npyfeed already gathers `prefetch` batches ahead on its own threads with the GIL released; worker "
+               "processes would copy every batch through shared memory, and would have to be forked from a process "
+               "whose gather threads are running (or pickle the source)")
+
+
+def _distributed() -> tuple:
+    """(rank, world size) from torch.distributed when it is initialised, else (0, 1)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class WindowDataset(IterableDataset):
+    """An ``IterableDataset`` of ``(x, y)`` tensor batches from `src`, one epoch per ``iter()``, for rank `rank`
+    of `world_size`.
+
+    Parameters
+    ----------
+    src : WindowSource
+    batch_size : int
+        The per-rank batch size.
+    shuffle : bool or "blocks"
+        The order of each epoch, as `WindowSource.plan`'s.
+    seed : int
+        Seed of the order: the same on every rank (each rank reads its own part of the same permutation).
+    epoch : int
+        The epoch of the first pass.
+    rank, world_size : int, optional
+        This process's shard of every epoch; default: ``torch.distributed``'s rank and world size when it is
+        initialised, else 0 and 1. The ranks' shards are disjoint and together cover each epoch exactly once.
+    drop_remainder : bool
+        Drop a last, smaller batch.
+    memory_budget : int, optional
+        With ``shuffle="blocks"``: bytes of array data held at once (see `WindowSource.plan`).
+    prefetch : int
+        Batches gathered ahead of the one the loop takes.
+
+    Notes
+    -----
+    ``len(ds)`` is the number of batches per epoch. The tensors of a batch share its buffer (64-byte aligned,
+    owned by npyfeed, reused only when no tensor or array refers to it any more). ``pin_memory=True`` in the
+    ``DataLoader`` copies each batch once more, into pinned memory.
+
+    Raises
+    ------
+    ValueError
+        Bad arguments (as `WindowSource.plan`).
+    RuntimeError
+        Iterated in a ``DataLoader`` worker process (``num_workers > 0``), or pickled: see `__iter__`.
+    """
+
+    def __init__(self, src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, epoch: int = 0,
+                 rank: int | None = None, world_size: int | None = None, drop_remainder: bool = False,
+                 memory_budget: int | None = None, prefetch: int = 2):
+        default_rank, default_world = _distributed() if rank is None or world_size is None else (0, 1)
+        world_size = default_world if world_size is None else world_size
+        rank = default_rank if rank is None else rank
+        self._plan = src.plan(batch_size, shuffle=shuffle, seed=seed, num_shards=world_size, shard_index=rank,
+                              drop_remainder=drop_remainder, memory_budget=memory_budget, prefetch=prefetch)
+        self._lock = threading.Lock()
+        self._epoch = _checks.u64(epoch, "epoch")
+        self._batch = 0
+
+    @property
+    def plan(self):
+        """The `Plan` the batches come from (``len(ds.plan) == len(ds)``)."""
+        return self._plan
+
+    @property
+    def rank(self) -> int:
+        """This dataset's shard of every epoch."""
+        return self._plan.shard_index
+
+    @property
+    def world_size(self) -> int:
+        """The number of shards of every epoch."""
+        return self._plan.num_shards
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from."""
+        return self._epoch
+
+    def __len__(self) -> int:
+        return len(self._plan)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` read epoch `epoch` from its first batch (``DistributedSampler.set_epoch``)."""
+        epoch = _checks.u64(epoch, "epoch")
+        with self._lock:
+            self._epoch, self._batch = epoch, 0
+
+    def state_dict(self) -> dict:
+        """The position of the next batch, ``{"epoch": int, "batch": int}`` (plain ints: torchdata's
+        ``StatefulDataLoader`` stores it as the dataset's state, and `load_state_dict` takes it back)."""
+        with self._lock:
+            return {"epoch": self._epoch, "batch": self._batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue at the position `state_dict` gave: the next ``iter()`` yields that batch first.
+
+        Raises ``ValueError`` for a state that is not one (a missing key, a batch outside the epoch).
+        """
+        try:
+            epoch, batch = state["epoch"], state["batch"]
+        except (TypeError, KeyError):
+            raise ValueError(f"npyfeed.torch.WindowDataset: not a state_dict() of it: {state!r}") from None
+        epoch = _checks.u64(epoch, "epoch")
+        batch = _checks.integer(batch, "batch", 0, len(self) + 1, what=f"in [0, {len(self)}]")
+        if batch == len(self):  # saved after an epoch's last batch: the next epoch's first
+            epoch, batch = epoch + 1, 0
+        with self._lock:
+            self._epoch, self._batch = epoch, batch
+
+    def __iter__(self):
+        """Yield the rest of the current epoch, from the current position on, as ``(x, y)`` tensors.
+
+        Raises ``RuntimeError`` in a ``DataLoader`` worker process: use ``num_workers=0`` (npyfeed's threads
+        already gather ahead; workers would copy every batch through shared memory).
+        """
+        if get_worker_info() is not None:
+            raise RuntimeError(_NO_WORKERS)
+        return self._epoch_batches()
+
+    def _epoch_batches(self):
+        # The position is read at the first next(), so a load_state_dict() made after iter() still counts.
+        with self._lock:
+            epoch, start = self._epoch, self._batch
+        total = len(self._plan)
+        with self._plan.batches(epoch, start_batch=start) as batches:
+            for b, (x, y) in enumerate(batches, start):
+                with self._lock:  # before the yield: the state a checkpoint takes after this batch is the next one
+                    if b + 1 == total:
+                        self._epoch, self._batch = epoch + 1, 0
+                    else:
+                        self._epoch, self._batch = epoch, b + 1
+                yield torch.from_numpy(x), torch.from_numpy(y)
+        if start == total:  # nothing left of that epoch: move on, so the next pass is the next epoch
+            with self._lock:
+                self._epoch, self._batch = epoch + 1, 0
+
+    def __reduce__(self):
+        raise RuntimeError(_NO_WORKERS)
+
+    def __repr__(self) -> str:
+        return f"npyfeed.torch.WindowDataset(next batch {self._batch} of epoch {self._epoch}, {self._plan!r})"
