@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from npyfeed._layout import index_text, write_index, write_key
 
 GB = 1e9
 PAGE = mmap.PAGESIZE
@@ -158,18 +159,14 @@ def make_dataset(parent: str | os.PathLike, spec: DataSpec, *, log: Callable[[st
     window = max(1, min(spec.window, spec.rows))
     feature_rows = np.arange(window - 1, spec.rows, max(1, spec.index_stride))
     index_lines: dict = {}
-    for key, factor, label in zip(ds.keys, ds.factor_paths, ds.label_paths):
-        Path(factor).parent.mkdir(parents=True, exist_ok=True)
-        Path(label).parent.mkdir(parents=True, exist_ok=True)
-        _save_durably(Path(factor), _random_array(rng, (spec.rows, spec.cols), dtype))
-        _save_durably(Path(label), _random_array(rng, (spec.rows, spec.label_cols), dtype))
-        lines = "".join(f"{r},{r},{key}\n" for r in feature_rows.tolist())
-        index_lines.setdefault(str(Path(factor).parent.parent / "index.txt"), []).append(lines)
+    for key, factor in zip(ds.keys, ds.factor_paths):
+        base = Path(factor).parent.parent  # <root>/<stock>/<split>
+        factor_array = _random_array(rng, (spec.rows, spec.cols), dtype)
+        write_key(base, key, factor_array, _random_array(rng, (spec.rows, spec.label_cols), dtype), save=_save_durably)
+        lines = index_text((r, r, key) for r in feature_rows.tolist())
+        index_lines.setdefault(str(base / "index.txt"), []).append(lines)
     for path in ds.index_paths:
-        with open(path, "w") as f:
-            f.write("".join(index_lines.get(path, [])))
-            f.flush()
-            os.fsync(f.fileno())
+        write_index(path, "".join(index_lines.get(path, [])), sync=True)
     manifest.write_text(json.dumps(asdict(spec), indent=1))
     log(f"  done in {time.perf_counter() - t0:.1f} s")
     return ds

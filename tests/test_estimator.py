@@ -16,6 +16,7 @@ import importlib.util
 import npyfeed
 import numpy as np
 import pytest
+from npyfeed import _layout
 
 if importlib.util.find_spec("tensorflow") is None:
     pytest.skip("TensorFlow is not installed", allow_module_level=True)
@@ -45,22 +46,19 @@ def users_layout(tmp_path_factory):
     Labels are a linear function of the window's last row, so one pass of a linear model must learn something.
     """
     root = tmp_path_factory.mktemp("users")
-    (root / "factor").mkdir()
-    (root / "label").mkdir()
     rng = np.random.default_rng(20261130)
     mix = rng.standard_normal((FEATURES, LABELS))
-    lines, expected_x, expected_y = [], [], []
+    entries, expected_x, expected_y = [], [], []
     for k in range(KEYS):
         key = f"{600000 + k}"
         factor = rng.standard_normal((ROWS, FEATURES)).astype(np.float32)
         label = (factor @ mix).astype(np.float32)  # label row r depends on factor row r
-        np.save(root / "factor" / f"{key}.npy", factor)
-        np.save(root / "label" / f"{key}.npy", label)
+        _layout.write_key(root, key, factor, label)
         for row in range(WINDOW - 1, ROWS):
-            lines.append(f"{row},{row},{key}")
+            entries.append((row, row, key))
             expected_x.append(factor[row - WINDOW + 1: row + 1])
             expected_y.append(label[row])
-    (root / "train.txt").write_text("\n".join(lines) + "\n")
+    _layout.write_index(root / "train.txt", _layout.index_text(entries))
     return root, np.stack(expected_x), np.stack(expected_y)
 
 

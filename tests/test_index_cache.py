@@ -23,6 +23,7 @@ import npyfeed
 import numpy as np
 import pytest
 from _sandbox import run_unprivileged, shared_dir
+from npyfeed import _layout
 
 WINDOW = 4
 KEYS = ("a", "b", "c")
@@ -31,18 +32,16 @@ ROWS = 40
 
 def write_data(root: Path, entries: list) -> Path:
     rng = np.random.default_rng(7)
-    (root / "factor").mkdir(parents=True, exist_ok=True)
-    (root / "label").mkdir(parents=True, exist_ok=True)
     for key in KEYS:
-        np.save(root / "factor" / f"{key}.npy", rng.standard_normal((ROWS, 3)).astype(np.float32))
-        np.save(root / "label" / f"{key}.npy", rng.standard_normal((ROWS, 2)).astype(np.float32))
+        factor = rng.standard_normal((ROWS, 3)).astype(np.float32)
+        _layout.write_key(root, key, factor, rng.standard_normal((ROWS, 2)).astype(np.float32))
     write_index(root, entries)
     return root
 
 
 def write_index(root: Path, entries: list, name: str = "index.txt") -> Path:
     path = root / name
-    path.write_text("".join(f"{f},{l},{k}\n" for f, l, k in entries))
+    path.write_text(_layout.index_text(entries))
     return path
 
 

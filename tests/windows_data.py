@@ -12,6 +12,7 @@ from pathlib import Path
 
 import npyfeed
 import numpy as np
+from npyfeed import _layout
 
 MODES = ("auto", "mmap", "read", "direct", "arrays")  # "arrays": WindowSource.from_arrays over np.load'ed arrays
 FILE_MODES = ("auto", "mmap", "read", "direct")
@@ -42,17 +43,13 @@ class DataSet:
 
 def write_dataset(root: Path, factors: dict, labels: dict, entries: list, window: int, *,
                   fortran: bool = False, index_text: str | None = None) -> DataSet:
-    (root / "factor").mkdir(parents=True, exist_ok=True)
-    (root / "label").mkdir(parents=True, exist_ok=True)
     for key in factors:
         factor, label = factors[key], labels[key]
         if fortran:  # np.save writes fortran_order=True for F-contiguous, non-C-contiguous arrays
             factor, label = np.asfortranarray(factor), np.asfortranarray(label)
-        np.save(root / "factor" / f"{key}.npy", factor)
-        np.save(root / "label" / f"{key}.npy", label)
-    if index_text is None:
-        index_text = "".join(f"{fi},{li},{key}\n" for fi, li, key in entries)
-    (root / "index.txt").write_text(index_text)
+        _layout.write_key(root, key, factor, label)
+    _layout.layout_dirs(root)  # also for a data set of no keys
+    _layout.write_index(root / "index.txt", _layout.index_text(entries) if index_text is None else index_text)
     return DataSet(root, factors, labels, list(entries), window)
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._checks import ArgumentTypeError
+
 #: The largest ``.npy`` header text accepted by default, as numpy's ``np.load``.
 MAX_HEADER_SIZE = 10000
 
@@ -20,7 +22,7 @@ MAX_THREADS = 1024
 def resolve_threads(threads: int | None, cpus: list | None = None) -> int:
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int):
-            raise TypeError(f"threads must be an int or None, not {type(threads).__name__}")
+            raise ArgumentTypeError(f"threads must be an int or None, not {type(threads).__name__}")
         if not 1 <= threads <= MAX_THREADS:
             raise ValueError(f"threads must be between 1 and {MAX_THREADS}, got {threads}")
         return threads
@@ -54,16 +56,16 @@ def resolve_placement(cpus, nice, io_priority) -> dict:
     out: dict = {}
     if cpus is not None:
         if isinstance(cpus, (str, bytes)) or not hasattr(cpus, "__iter__"):
-            raise TypeError(f"cpus must be an iterable of CPU numbers, not {type(cpus).__name__}")
+            raise ArgumentTypeError(f"cpus must be an iterable of CPU numbers, not {type(cpus).__name__}")
         numbers = list(cpus)
         if any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) for c in numbers):
-            raise TypeError(f"cpus must be CPU numbers (int), got {numbers!r}")
+            raise ArgumentTypeError(f"cpus must be CPU numbers (int), got {numbers!r}")
         if not numbers:
             raise ValueError("cpus must name at least one CPU (None: wherever the caller's threads may run)")
         out["cpus"] = sorted({int(c) for c in numbers})
     if nice is not None:
         if isinstance(nice, bool) or not isinstance(nice, (int, np.integer)):
-            raise TypeError(f"nice must be an int or None, not {type(nice).__name__}")
+            raise ArgumentTypeError(f"nice must be an int or None, not {type(nice).__name__}")
         out["nice"] = int(nice)
     if io_priority is not None:
         if isinstance(io_priority, str):
@@ -72,12 +74,12 @@ def resolve_placement(cpus, nice, io_priority) -> dict:
             try:
                 name, level = io_priority
             except (TypeError, ValueError):
-                raise TypeError(f"io_priority must be 'idle', 'best-effort', 'realtime' or (class, level), "
-                                f"got {io_priority!r}") from None
+                raise ArgumentTypeError(f"io_priority must be 'idle', 'best-effort', 'realtime' or (class, level), "
+                                        f"got {io_priority!r}") from None
         if name not in IO_CLASSES:
             raise ValueError(f"io_priority class must be one of {tuple(IO_CLASSES)}, got {name!r}")
         if isinstance(level, bool) or not isinstance(level, (int, np.integer)):
-            raise TypeError(f"io_priority level must be an int from 0 to 7, got {level!r}")
+            raise ArgumentTypeError(f"io_priority level must be an int from 0 to 7, got {level!r}")
         out["io_priority"] = (IO_CLASSES[name], int(level))
     return out
 

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from ._layout import index_text, layout_dirs, write_index, write_key
 from .loading import load_factor_files
 from .windows import WindowSource
 
@@ -54,23 +55,17 @@ def generate(root: str, keys: int, rows: int, features: int, labels: int, window
              stock: str = "demo_stock", mode: str = "train") -> tuple:
     """Write a data set in the users' layout; returns (factor_dir, label_dir, index_path)."""
     base = os.path.join(root, stock, mode)
-    factor_dir, label_dir = os.path.join(base, "factor"), os.path.join(base, "label")
-    os.makedirs(factor_dir, exist_ok=True)
-    os.makedirs(label_dir, exist_ok=True)
     rng = np.random.default_rng(2026)
-    lines = []
+    entries = []
     for k in range(keys):
         key = f"{k:06d}.SZ"
         factor = rng.standard_normal((rows, features), dtype=np.float32)
         # The label depends on the last window row, so the model has something to learn.
         label = np.tanh(factor[:, :labels] * 2.0) + 0.1 * rng.standard_normal((rows, labels), dtype=np.float32)
-        np.save(os.path.join(factor_dir, key + ".npy"), factor)
-        np.save(os.path.join(label_dir, key + ".npy"), label.astype(np.float32))
-        lines.extend(f"{i},{i},{key}" for i in range(window - 1, rows, stride))
-    index_path = os.path.join(base, "index.txt")
-    with open(index_path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return factor_dir, label_dir, index_path
+        write_key(base, key, factor, label.astype(np.float32))
+        entries.extend((i, i, key) for i in range(window - 1, rows, stride))
+    index_path = write_index(os.path.join(base, "index.txt"), index_text(entries))
+    return (*layout_dirs(base), index_path)
 
 
 def src_files(args, which: str) -> list:

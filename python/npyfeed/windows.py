@@ -52,10 +52,10 @@ def _load_index(index_files, cache: bool, cache_dir, threads: int):
 def _check_common(window, dtype, bounds):
     # Only what the core cannot say: the types. The values (window >= 1, float32/float64, the bounds
     # policy) are checked once, by the C++ WindowSource, and raise ValueError from there.
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
-        raise ValueError(f"window must be a positive integer, got {window!r}")
+    if not _checks.is_int(window):
+        raise _checks.ArgumentTypeError(f"window must be a positive integer, got {window!r}")
     if not isinstance(bounds, str):
-        raise ValueError(f"bounds must be one of {BOUNDS}, got {bounds!r}")
+        raise _checks.ArgumentTypeError(f"bounds must be one of {BOUNDS}, got {bounds!r}")
     return int(window), np.dtype(dtype)
 
 
@@ -252,8 +252,8 @@ class WindowSource:
         """
         window, out_dtype = _check_common(window, dtype, "error")
         for name, value in (("stride", stride), ("horizon", horizon)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise TypeError(f"{name} must be an integer, got {value!r}")
+            if not _checks.is_int(value):
+                raise _checks.ArgumentTypeError(f"{name} must be an integer, got {value!r}")
         transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
         placement = resolve_placement(cpus, nice, io_priority)
         nthreads = resolve_threads(threads, placement.get("cpus"))
@@ -458,7 +458,7 @@ class WindowSource:
         """
         ids = np.asarray(sample_ids)
         if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
-            raise TypeError("sample_ids must be a 1-d sequence of integers")
+            raise _checks.ArgumentTypeError("sample_ids must be a 1-d sequence of integers")
         return self._core.get(ids.astype(np.int64, copy=False))
 
     def plan(self, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, num_shards: int = 1,
