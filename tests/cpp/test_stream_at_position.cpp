@@ -74,7 +74,7 @@ std::size_t count(const WindowBatch& b) { return b.count; }
 }  // namespace
 
 TEST_CASE("stream at position: in order from one stream, any other position from a new one") {
-  Log log;
+  static Log log;  // static: a stalled pool job may read it a moment after the test returns
   StreamAtPosition at(kBatches, maker(log));
   for (std::size_t b = 0; b < kBatches; ++b) CHECK_EQ(count(at.take(2, b)), 200 + b);
   CHECK_EQ(at.streams_started(), 1u);
@@ -93,7 +93,7 @@ TEST_CASE("stream at position: in order from one stream, any other position from
 }
 
 TEST_CASE("stream at position: a failed batch or a throwing wait drops the stream") {
-  Log log;
+  static Log log;  // static: a stalled pool job may read it a moment after the test returns
   log.fail_epoch = 1;
   log.fail_batch = 2;
   StreamAtPosition at(kBatches, maker(log));
@@ -116,7 +116,7 @@ TEST_CASE("stream at position: a failed batch or a throwing wait drops the strea
 }
 
 TEST_CASE("stream at position: close() from another thread cuts a waiting take() short") {
-  Log log;
+  static Log log;  // static: a stalled pool job may read it a moment after the test returns
   StreamAtPosition at(kBatches, maker(log));
   log.stall = true;
   std::thread closer([&] {
@@ -131,7 +131,7 @@ TEST_CASE("stream at position: close() from another thread cuts a waiting take()
 }
 
 TEST_CASE("stream at position: racing threads each get the batch they asked for") {
-  Log log;
+  static Log log;  // static: a stalled pool job may read it a moment after the test returns
   StreamAtPosition at(kBatches, maker(log));
   std::vector<int> ok(4, 1);
   std::vector<std::thread> threads;
