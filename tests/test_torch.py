@@ -156,12 +156,18 @@ def test_stateful_dataloader_resumes_with_the_next_batch(src):
     _assert_same(list(restarted), _expected(src, 2, **kwargs))
 
 
-def test_worker_processes_and_pickling_are_refused(src):
+def test_worker_processes_and_pickling_are_refused(src, monkeypatch):
     ds = nft.WindowDataset(src, 5)
+    # A spawned worker gets the dataset pickled: refused before any process starts. (A forked one is not
+    # started here: this process has TensorFlow's and JAX's threads, and JAX warns at any fork.)
     with pytest.raises(RuntimeError, match="num_workers=0"):
-        list(DataLoader(ds, batch_size=None, num_workers=1))
+        list(DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="spawn"))
     with pytest.raises(RuntimeError, match="num_workers=0"):
         pickle.dumps(ds)
+    # Inside a worker (a forked one has the dataset without pickling), iterating is refused.
+    monkeypatch.setattr(nft, "get_worker_info", lambda: object())
+    with pytest.raises(RuntimeError, match="num_workers=0"):
+        next(iter(ds))
 
 
 def test_pin_memory(src):
