@@ -246,7 +246,10 @@ def test_failures_leak_no_descriptors_or_mappings(corpus):
     assert [f for f in _fds() if f.startswith(where)] == []
     assert [m for m in _maps() if where in m] == []
     assert len(_fds()) == len(fds)
-    assert len(_maps()) == len(maps)
+    # Every mapping npyfeed made for these failures is gone. Three rounds fail len(refused) * len(OPS) times
+    # each (hundreds), so a leak of anything per failure would add hundreds; other frameworks' threads in this
+    # process (TensorFlow, JAX, loaded by earlier test files) may map a stack or an arena meanwhile: one or two.
+    assert len(_maps()) - len(maps) <= 2, (len(refused) * len(OPS), sorted(set(_maps()) - set(maps)))
 
 
 def _rss() -> int:
