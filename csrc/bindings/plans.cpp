@@ -102,6 +102,21 @@ void bind_plans(py::module_& m) {
              std::vector<std::int64_t> ids = without_gil([&] { return p.ids(epoch, batch); });
              return py::array_t<std::int64_t>(static_cast<py::ssize_t>(ids.size()), ids.data());
            })
+      .def("shard_blocks",
+           [](const EpochPlan& p, std::uint64_t epoch) {
+             std::vector<ShardBlock> blocks = without_gil([&] { return p.shard_blocks(epoch); });
+             py::list out;
+             for (const ShardBlock& b : blocks) {
+               out.append(py::make_tuple(
+                   b.begin, b.end, py::array_t<std::uint32_t>(static_cast<py::ssize_t>(b.keys.size()), b.keys.data())));
+             }
+             return out;
+           })
+      .def_property_readonly("key_bytes",
+                             [](const EpochPlan& p) {
+                               const auto& bytes = p.key_bytes();
+                               return py::array_t<std::uint64_t>(static_cast<py::ssize_t>(bytes.size()), bytes.data());
+                             })
       .def("order",
            [](const EpochPlan& p, std::uint64_t epoch) {
              std::vector<std::int64_t> ids = without_gil([&] { return p.order(epoch); });

@@ -64,6 +64,14 @@ struct EpochSpec {
   std::size_t num_batches(std::size_t samples) const noexcept;
 };
 
+/// One block of an epoch under shuffle="blocks", as one shard reads it: positions [begin, end) of the shard's
+/// epoch (0 is the shard's first sample) and the block's keys, in the epoch's order.
+struct ShardBlock {
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  std::vector<std::uint32_t> keys;
+};
+
 /// The batches of one shard of every epoch of `source` under `spec`. ids() and order() do no IO; take() is
 /// safe from several threads (calls are served one at a time) and, asked for the batch after the last one it
 /// gave, takes it from a stream that keeps the next `prefetch` batches in flight; any other position starts a
@@ -91,6 +99,11 @@ class EpochPlan {
   /// O(batch_size) for the computed orders; under blocks, the first call for a block shuffles that block's
   /// samples (kept for the next calls: the plan keeps its epoch's plan and the last two blocks' orders).
   std::vector<std::int64_t> ids(std::uint64_t epoch, std::size_t batch) const;
+  /// Under shuffle="blocks": the blocks of epoch `epoch` that hold this shard's positions, in order, each
+  /// clipped to the shard (they cover [0, shard_size()) once); empty under the other orders. No IO.
+  std::vector<ShardBlock> shard_blocks(std::uint64_t epoch) const;
+  /// Under shuffle="blocks": each key's bytes of array data, as the blocks count them (empty otherwise).
+  const std::vector<std::uint64_t>& key_bytes() const noexcept { return key_bytes_; }
   /// The whole epoch's ids, in batch order (shard_size() of them; with drop_remainder, also the samples of
   /// the dropped last batch).
   std::vector<std::int64_t> order(std::uint64_t epoch) const;

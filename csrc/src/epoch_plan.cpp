@@ -157,6 +157,23 @@ std::vector<std::int64_t> EpochPlan::ids(std::uint64_t epoch, std::size_t batch)
   return out;
 }
 
+std::vector<ShardBlock> EpochPlan::shard_blocks(std::uint64_t epoch) const {
+  std::vector<ShardBlock> out;
+  if (spec_.shuffle != Shuffle::kBlocks) return out;
+  const std::shared_ptr<const BlockPlan> plan = block_plan(epoch);
+  if (plan->end == plan->first) return out;
+  for (std::size_t block = plan->block_of(plan->first); block < plan->num_blocks(); ++block) {
+    const std::uint64_t begin = std::max(plan->first, plan->block_begin[block]);
+    const std::uint64_t end = std::min(plan->end, plan->block_begin[block + 1]);
+    if (begin >= end) break;
+    out.push_back(
+        {begin - plan->first, end - plan->first,
+         std::vector<std::uint32_t>(plan->keys.begin() + static_cast<std::ptrdiff_t>(plan->key_begin[block]),
+                                    plan->keys.begin() + static_cast<std::ptrdiff_t>(plan->key_begin[block + 1]))});
+  }
+  return out;
+}
+
 std::vector<std::int64_t> EpochPlan::order(std::uint64_t epoch) const {
   if (spec_.shuffle == Shuffle::kBlocks) return block_epoch_order(*block_plan(epoch), *samples_);
   const EpochOrder order = computed_order(epoch);

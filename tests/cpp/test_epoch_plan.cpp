@@ -143,6 +143,35 @@ TEST_CASE("epoch plan: shards together cover each epoch exactly once") {
   }
 }
 
+TEST_CASE("epoch plan: a blocks epoch's shard blocks cover the shard once, each position a sample of its keys") {
+  TempDir dir;
+  auto source = open_source(write_files(dir), ReadMode::kMmap);
+  const auto key_of = source->sample_keys();
+  for (std::size_t shards : {1, 3}) {
+    for (std::size_t shard = 0; shard < shards; ++shard) {
+      EpochPlan plan(source, spec(Shuffle::kBlocks, shards, shard, 7, false));
+      CHECK_EQ(plan.key_bytes().size(), source->num_keys());
+      const auto order = plan.order(2);
+      const auto blocks = plan.shard_blocks(2);
+      REQUIRE(!blocks.empty());
+      std::uint64_t next = 0;
+      for (const ShardBlock& b : blocks) {
+        CHECK_EQ(b.begin, next);
+        CHECK(b.end > b.begin);
+        for (std::uint64_t p = b.begin; p < b.end; ++p) {
+          const std::uint32_t key = key_of(static_cast<std::size_t>(order[p]));
+          CHECK(std::find(b.keys.begin(), b.keys.end(), key) != b.keys.end());
+        }
+        next = b.end;
+      }
+      CHECK_EQ(next, plan.shard_size());
+    }
+  }
+  EpochPlan global(source, spec(Shuffle::kGlobal, 1, 0, 7, false));
+  CHECK(global.shard_blocks(2).empty());
+  CHECK(global.key_bytes().empty());
+}
+
 TEST_CASE("epoch plan: any position (a restore, a jump back, a repeat) gives the stream's batch") {
   TempDir dir;
   auto source = open_source(write_files(dir), ReadMode::kRead);
