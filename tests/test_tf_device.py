@@ -1,13 +1,19 @@
 """npyfeed.tf.dataset(gather="device") on the CPU device (what CI has): the arrays uploaded once, each step's host
 part only start rows (the host never gathers a window), and batches equal to the numpy iterator's (the oracle) for
-every order, shard policy, bounds policy that keeps samples, source dtype and storage dtype; checkpoints resume; a
-dropped dataset lets its device tensors go; bad arguments fail at construction. The figures on a GPU come from
-bench/bench_gpu.py."""
+every order, shard policy, bounds policy that keeps samples, source dtype and storage dtype; checkpoints resume
+anywhere in an epoch; over the device budget, shuffle="blocks" streams each block once per epoch (same batches,
+same resume); another device than the host's CPU (a second logical CPU, as a GPU would be fed: copy_to_device)
+gives the same batches there; a dropped dataset lets its device tensors go; bad arguments fail at construction.
+The figures on a GPU come from bench/bench_gpu.py."""
 
 from __future__ import annotations
 
 import gc
 import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
 import weakref
 
 import npyfeed
@@ -117,23 +123,195 @@ def test_shards_cover_each_epoch_once(tf, shard_by):
         seen += ids.tolist()
         sizes.append(len(ids))
         if shard_by == "keys":  # each pipeline uploads its own keys only
-            assert ds._npyfeed_device.factor_rows.sum() < sum(len(a) for a in src._arrays[0])
+            every_key = sum(a.size + b.size for a, b in zip(*src._arrays)) * 4
+            assert 0 < ds._npyfeed_device.uploaded_bytes < every_key / 2
     assert sorted(seen) == list(range(len(src)))
+
+
+def _assert_resumes(tf, tmp_path, src, make, want, positions):
+    """`make()`'s dataset repeated over two epochs yields `want`, and an iterator checkpointed at each of
+    `positions` (in the first epoch, past its boundary) and restored over a new dataset yields the rest."""
+    _assert_same(_pass(make().repeat(2)), want)
+    for k in positions:
+        it = iter(make().repeat(2))
+        for _ in range(k):
+            next(it)
+        tf.train.Checkpoint(iterator=it).write(str(tmp_path / f"ckpt{k}"))
+        restored = iter(make().repeat(2))
+        tf.train.Checkpoint(iterator=restored).read(str(tmp_path / f"ckpt{k}")).assert_consumed()
+        _assert_same([(x.numpy(), y.numpy()) for x, y in restored], want[k:])
 
 
 def test_repeat_and_resume_from_a_checkpoint(tf, tmp_path):
     src = _source("pad")
     want = list(src.batches(BATCH, shuffle=True, seed=4, epoch=0)) + list(src.batches(BATCH, shuffle=True, seed=4,
                                                                                        epoch=1))
-    ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=4, gather="device").repeat(2)
-    _assert_same(_pass(ds), want)
-    it = iter(npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=4, gather="device").repeat(2))
-    for _ in range(len(want) // 2 + 1):  # past the epoch boundary
-        next(it)
-    tf.train.Checkpoint(iterator=it).write(str(tmp_path / "ckpt"))
-    restored = iter(npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=4, gather="device").repeat(2))
-    tf.train.Checkpoint(iterator=restored).read(str(tmp_path / "ckpt")).assert_consumed()
-    _assert_same([(x.numpy(), y.numpy()) for x, y in restored], want[len(want) // 2 + 1:])
+    half = len(want) // 2
+    _assert_resumes(tf, tmp_path, src, lambda: npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=4, gather="device"),
+                    want, [3, half + 1])
+
+
+# -- over the device budget: shuffle="blocks" streams its blocks --------------------------------------------------
+STREAM_KEYS, STREAM_ROWS = 12, 60
+STREAM_BLOCKS = 6000  # memory_budget: blocks of up to 3000 bytes of data, two or three keys of 1200 bytes
+STREAM_DEVICE = 12000  # device_memory_budget: under the 15,000 bytes every key would take, over two blocks
+
+
+def _stream_source(bounds="skip"):
+    rng = np.random.default_rng(11)
+    factors = {f"k{i:02d}": rng.standard_normal((STREAM_ROWS, 3)).astype("<f4") for i in range(STREAM_KEYS)}
+    labels = {k: rng.standard_normal((STREAM_ROWS, 2)).astype("<f4") for k in factors}
+    first = 0 if bounds == "pad" else WINDOW - 1
+    index = [(f, f if bounds == "skip" else f + 2, k) for k in factors for f in range(first, STREAM_ROWS)]
+    return npyfeed.WindowSource.from_arrays(index, factors, labels, WINDOW, bounds=bounds, cache=False)
+
+
+def _streamed(src, device_memory_budget=STREAM_DEVICE, **kw):
+    return npyfeed.tf.dataset(src, BATCH, shuffle="blocks", memory_budget=STREAM_BLOCKS, gather="device",
+                              device_memory_budget=device_memory_budget, **kw)
+
+
+@pytest.mark.parametrize("bounds", ["skip", "pad"])
+def test_blocks_over_the_device_budget_stream_each_block_once_per_epoch(tf, bounds):
+    src = _stream_source(bounds)
+    ds = _streamed(src, seed=5)
+    on_device = ds._npyfeed_device
+    assert on_device.streams and on_device.needed_bytes <= STREAM_DEVICE
+    data_bytes = STREAM_KEYS * STREAM_ROWS * (3 + 2) * 4
+    for epoch in range(2):
+        before = on_device.uploaded_bytes
+        _assert_same(_pass(ds), list(src.batches(BATCH, shuffle="blocks", seed=5, epoch=epoch,
+                                                 memory_budget=STREAM_BLOCKS)))
+        table, blocks = on_device.groups(epoch)
+        straddlers = int((table[:, 2] < 0).sum())
+        assert len(blocks) > 2 and straddlers < len(blocks)
+        # Every block once (and a zero row per group), plus the windows of the batches over two blocks.
+        uploaded = on_device.uploaded_bytes - before
+        straddler_bytes = straddlers * ((BATCH * WINDOW + 1) * 3 + (BATCH + 1) * 2) * 4
+        assert data_bytes <= uploaded <= data_bytes + len(table) * 5 * 4 + straddler_bytes
+    assert ds._npyfeed_batches.streams_started == 0  # the plan's host gather never ran
+    assert on_device.host_bytes_per_step == 4 * 8 * BATCH  # per step, four int64 per sample
+
+
+def test_streamed_blocks_resume_from_a_checkpoint(tf, tmp_path):
+    src = _stream_source("pad")
+    want = [b for e in range(2) for b in src.batches(BATCH, shuffle="blocks", seed=6, epoch=e,
+                                                     memory_budget=STREAM_BLOCKS)]
+    half = len(want) // 2
+    # In the first group, mid-epoch, at the boundary, past it: each restored iterator reads its block again.
+    _assert_resumes(tf, tmp_path, src, lambda: _streamed(src, seed=6), want, [3, half // 2, half, half + 9])
+
+
+def test_streamed_storage_dtype_rounds_as_numpy(tf):
+    src = _stream_source("skip")
+    ds = _streamed(src, seed=1, storage_dtype="float16", device_memory_budget=8000)  # the half that fits 12000
+    assert ds._npyfeed_device.streams
+    _assert_same(_pass(ds), list(src.batches(BATCH, shuffle="blocks", seed=1, memory_budget=STREAM_BLOCKS)),
+                 cast=lambda a: a.astype(np.float16).astype(np.float32))
+
+
+def test_over_the_device_budget_other_orders_and_small_budgets_are_refused(tf):
+    src = _stream_source("skip")
+    for shuffle in (False, True):
+        with pytest.raises(ValueError, match=r"needs \d+ bytes .* over the device_memory_budget of 12000 bytes; use "
+                                             r"shuffle='blocks'.*shard_by='keys'.*storage_dtype"):
+            npyfeed.tf.dataset(src, BATCH, shuffle=shuffle, gather="device", device_memory_budget=STREAM_DEVICE)
+    with pytest.raises(ValueError, match=r"holds 2 blocks of up to \d+ bytes.*over the device_memory_budget of "
+                                         r"4000 bytes; use a smaller memory_budget"):
+        npyfeed.tf.dataset(src, BATCH, shuffle="blocks", memory_budget=STREAM_BLOCKS, gather="device",
+                           device_memory_budget=4000)
+
+
+def test_streamed_file_replaced_after_construction_names_it(tf, tmp_path):
+    from npyfeed._layout import index_text, write_index, write_key
+
+    rng = np.random.default_rng(3)
+    rows = {}
+    for i in range(STREAM_KEYS):
+        key = f"k{i:02d}"
+        write_key(tmp_path, key, rng.standard_normal((STREAM_ROWS, 3)).astype("<f4"),
+                  rng.standard_normal((STREAM_ROWS, 2)).astype("<f4"))
+        rows[key] = range(WINDOW - 1, STREAM_ROWS)
+    lines = [(f, f, k) for k, r in rows.items() for f in r]
+    index = write_index(tmp_path / "index.txt", index_text(lines))
+    src = npyfeed.WindowSource([index], tmp_path / "factor", tmp_path / "label", WINDOW, cache=False)
+    ds = _streamed(src, seed=2)
+    assert ds._npyfeed_device.streams
+    victim = tmp_path / "factor" / "k07.npy"
+    np.save(victim, np.zeros((STREAM_ROWS - 9, 3), "<f4"))  # replaced by an array of another shape
+    with pytest.raises(tf.errors.OpError, match=r"k07\.npy: shape \(51, 3\), but \(60, 3\)"):
+        _pass(ds)
+
+
+def _run_with_two_cpus(tmp_path, body: str) -> str:
+    """Runs `body` in a new Python with two logical CPUs (set before TensorFlow starts) and this folder's test
+    helpers importable; its stdout."""
+    script = tmp_path / "two_cpus.py"
+    script.write_text("import sys\nimport numpy as np\nimport tensorflow as tf\n"
+                      "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+                      "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
+                      f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n" + textwrap.dedent(body))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
+def test_mirrored_strategy_per_replica_pipelines_each_on_its_device(tmp_path):
+    """MirroredStrategy over two devices in one process: with PER_REPLICA input, each replica's pipeline reads its
+    shard and forms its batches on its own device; the default (one pipeline for both) is refused, saying so."""
+    out = _run_with_two_cpus(tmp_path, """
+        import npyfeed, npyfeed.tf
+        from test_tf_device import BATCH, _assert_same, _stream_source
+        src = _stream_source("pad")
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        make = lambda ctx: npyfeed.tf.dataset(src, 2 * BATCH, shuffle=True, seed=3, gather="device",
+                                              input_context=ctx)
+        try:
+            strategy.distribute_datasets_from_function(make)
+        except ValueError as e:
+            print("refused" if "PER_REPLICA" in str(e) else e)
+        options = tf.distribute.InputOptions(
+            experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+            experimental_place_dataset_on_device=True, experimental_fetch_to_device=False)
+        per_replica = [[], []]
+        for x, y in strategy.distribute_datasets_from_function(make, options):
+            for i in range(2):
+                assert x.values[i].device.endswith(f"CPU:{i}"), x.values[i].device
+                per_replica[i].append((x.values[i].numpy(), y.values[i].numpy()))
+        for i in range(2):
+            _assert_same(per_replica[i], list(src.batches(BATCH, shuffle=True, seed=3, num_shards=2, shard_index=i)))
+        print("per replica", *map(len, per_replica))
+    """)
+    shard = len(_stream_source("pad")) // 2  # an even count: two equal shards
+    n = (shard + BATCH - 1) // BATCH
+    assert out.split() == ["refused", "per", "replica", str(n), str(n)]
+
+
+def test_another_device_than_the_host_gets_its_batches_there(tmp_path):
+    """A second logical CPU stands for a GPU: the start rows (and, streamed, the groups) go there by
+    copy_to_device, and the batches are formed there, equal to the numpy iterator's. Own process: logical
+    devices are set before TensorFlow starts."""
+    out = _run_with_two_cpus(tmp_path, """
+        import npyfeed, npyfeed.tf
+        from test_tf_device import BATCH, STREAM_BLOCKS, _assert_same, _pass, _stream_source, _streamed
+        src = _stream_source("pad")
+        for ds, want in [
+                (npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=2, gather="device", device="/cpu:1"),
+                 src.batches(BATCH, shuffle=True, seed=2)),
+                (_streamed(src, seed=2, device="/cpu:1"),
+                 src.batches(BATCH, shuffle="blocks", seed=2, memory_budget=STREAM_BLOCKS))]:
+            got = _pass(ds)
+            _assert_same(got, list(want))
+            x, y = next(iter(ds))
+            assert x.device.endswith("CPU:1") and y.device.endswith("CPU:1"), (x.device, y.device)
+            print("streams" if ds._npyfeed_device.streams else "resident", len(got))
+        with tf.device("/cpu:1"):  # the default device: the enclosing scope's
+            x, _ = next(iter(npyfeed.tf.dataset(src, BATCH, gather="device")))
+        print(x.device.endswith("CPU:1"))
+    """)
+    n = -(-len(_stream_source("pad")) // BATCH)
+    assert out.split() == ["resident", str(n), "streams", str(n), "True"]
 
 
 def test_a_dropped_dataset_lets_its_device_arrays_go(tf):
@@ -159,7 +337,7 @@ def test_bad_arguments_fail_at_construction(tf):
     with pytest.raises(ValueError, match="gather='device' only"):
         npyfeed.tf.dataset(src, BATCH, storage_dtype="float16")
     context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=2)
-    with pytest.raises(ValueError, match="one process per GPU"):
+    with pytest.raises(ValueError, match="PER_REPLICA.*one process per GPU"):
         npyfeed.tf.dataset(src, BATCH, gather="device", input_context=context)
 
 

@@ -1,11 +1,18 @@
 """Batches formed on the device (``npyfeed.tf.dataset(gather="device")``): the factor and label arrays a pipeline
-reads are uploaded once, and each step sends only what its batch needs (start rows: a few integers per sample)
-and forms ``(B, W, F...)`` and ``(B, L...)`` there with one gather each.
+reads are uploaded to the device, and each step sends only what its batch needs (start rows: a few integers per
+sample) and forms ``(B, W, F...)`` and ``(B, L...)`` there with one gather each.
 
-Layout on the device: one ``(rows + 1, row elements)`` tensor per kind (factors, labels), the keys' arrays one after
-another in key order (only the keys of this shard with ``shard_by="keys"``), then one zero row that windows read
-for rows outside their key's array (``bounds="pad"``). A step's host work is `rows`: the plan's ids of the batch
-(`Plan.ids`, no IO), their (key, feature_index, label_index) from the index, and four int64 vectors.
+Layout on the device: one ``(rows + 1, row elements)`` tensor per kind (factors, labels), arrays one after another,
+then one zero row that windows read for rows outside their key's array (``bounds="pad"``). Two ways to hold it:
+
+* **resident** (what fits in the device budget): every key of this pipeline (its shard's keys with
+  ``shard_by="keys"``), uploaded once at construction; a step's host work is `rows`: the plan's ids of the batch
+  (`Plan.ids`, no IO), their (key, feature_index, label_index) from the index, and four int64 vectors.
+* **streamed** (``shuffle="blocks"`` over more than the budget): each epoch is cut into *groups* of consecutive
+  batches: the batches inside one block of the plan (`Plan.shard_blocks`) share one upload of that block's keys;
+  a batch that straddles two blocks is a group of its own whose upload is its windows, gathered on the host (one
+  batch per block). `group` builds a group's upload and start rows on the host; the pipeline uploads the next
+  group while the current one is consumed, so each block crosses once per epoch.
 """
 
 from __future__ import annotations
@@ -16,11 +23,18 @@ import numpy as np
 import tensorflow as tf
 
 from ._resources import available_memory
+from .plan import DEFAULT_MEMORY_BUDGET, shuffle_kind
 
 #: Share of the device's free memory (of the memory available, on the CPU) a pipeline may upload by default.
 DEFAULT_BUDGET_SHARE = 0.8
 
 STORAGE_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+#: Streamed: groups held on the device at once (the one being consumed and the next one, uploading).
+GROUPS_HELD = 2
+#: Formed batches the device may hold at once beside the arrays (the pipeline's prefetch, one being formed, one
+#: in the model's hands), counted in the budget.
+BATCHES_HELD = 4
 
 
 def device_free_bytes(device: str) -> int | None:
@@ -42,112 +56,215 @@ def device_free_bytes(device: str) -> int | None:
 
 
 class DeviceGather:
-    """The arrays of `plan`'s keys on `device`, and the two halves of a step: `rows` (host) and `form` (device)."""
+    """The arrays of `plan`'s keys for `device`, and the two halves of a step: `rows` or `group` (host) and `form`
+    (device). `streams` tells which layout (module docstring)."""
 
     def __init__(self, src, plan, device: str, storage_dtype, budget: int | None):
         if src._transform is not None:
             raise ValueError("gather='device' does not apply features=, label_columns=, nan=, posinf=, neginf= or "
                              "normalize= yet (the device holds the arrays as they are): use gather='host'")
         self.window = src.window
+        self.batch_size = plan.batch_size
         self.out_dtype = tf.as_dtype(np.dtype(src.dtype))
         self.storage = tf.as_dtype(storage_dtype) if storage_dtype is not None else self.out_dtype
         self.x_row_shape, self.y_row_shape = tuple(src.x_shape[1:]), tuple(src.y_shape)
+        self.x_elems = int(np.prod(self.x_row_shape, dtype=np.int64))
+        self.y_elems = int(np.prod(self.y_row_shape, dtype=np.int64))
         self.pad = src.bounds == "pad"
         self._src = src
         self._plan = plan
+        # Every key's rows (factor, label), for the offsets of any layout.
+        factor_shapes, label_shapes = src._key_shapes(range(len(src.keys)))
+        self.factor_len = np.array([s[0] for s in factor_shapes], np.int64)
+        self.label_len = np.array([s[0] if s else 1 for s in label_shapes], np.int64)
         keys = plan._core.shard_keys
-        keys = list(range(len(src.keys))) if keys is None else list(keys)
-        x_elems = int(np.prod(self.x_row_shape, dtype=np.int64))
-        y_elems = int(np.prod(self.y_row_shape, dtype=np.int64))
-        factor_shapes, label_shapes = src._key_shapes(keys)
-        self.factor_rows = np.array([s[0] for s in factor_shapes], np.int64)
-        self.label_rows = np.array([s[0] if s else 1 for s in label_shapes], np.int64)
+        keys = np.arange(len(src.keys)) if keys is None else np.asarray(keys, np.int64)
         itemsize = self.storage.size
-        needed = (int(self.factor_rows.sum()) + 1) * x_elems * itemsize + (int(self.label_rows.sum()) + 1) * y_elems * itemsize
+        needed = self._layout_bytes(keys)
+        batch_bytes = self.batch_size * (self.window * self.x_elems + self.y_elems) * self.out_dtype.size
         if budget is None:
             free = device_free_bytes(device)
             if free is None:
                 raise ValueError(f"gather='device': cannot tell the free memory of {device}; pass device_memory_budget")
             budget = int(free * DEFAULT_BUDGET_SHARE)
-        if needed > budget:
+        self.budget = budget
+        self.streams = needed + BATCHES_HELD * batch_bytes > budget
+        self.host_bytes_per_step = 0  # bytes the last step's host half handed to TensorFlow per batch
+        self.uploaded_bytes = 0  # bytes of arrays handed to TensorFlow for the device so far
+        self._groups = None  # streamed: (epoch, groups, blocks) of the last epoch asked
+        if not self.streams:
+            self.needed_bytes = needed + BATCHES_HELD * batch_bytes
+            self.factor_first = np.full(len(src.keys), -1, np.int64)
+            self.label_first = np.full(len(src.keys), -1, np.int64)
+            self.factor_first[keys] = _starts(self.factor_len[keys])
+            self.label_first[keys] = _starts(self.label_len[keys])
+            self.x_zero_row, self.y_zero_row = int(self.factor_len[keys].sum()), int(self.label_len[keys].sum())
+            self.factors = self._upload_resident(keys, False, device)
+            self.labels = self._upload_resident(keys, True, device)
+            return
+        if shuffle_kind(plan.shuffle) != "blocks":
             raise ValueError(
-                f"gather='device' needs {needed} bytes on {device} for the arrays of {len(keys)} keys, over the "
-                f"device_memory_budget of {budget} bytes; use shard_by='keys' (each process uploads its shard's "
-                f"keys only), a smaller storage_dtype (e.g. 'float16'), or gather='host'")
-        self.needed_bytes = needed
-        # Per key (all keys of the source; -1 for keys not uploaded): its first row in the device tensors.
-        self.factor_first = np.full(len(src.keys), -1, np.int64)
-        self.label_first = np.full(len(src.keys), -1, np.int64)
-        self.factor_first[keys] = np.concatenate([[0], np.cumsum(self.factor_rows)[:-1]]) if keys else []
-        self.label_first[keys] = np.concatenate([[0], np.cumsum(self.label_rows)[:-1]]) if keys else []
-        self.factor_len = np.zeros(len(src.keys), np.int64)
-        self.label_len = np.zeros(len(src.keys), np.int64)
-        self.factor_len[keys], self.label_len[keys] = self.factor_rows, self.label_rows
-        self.x_zero_row, self.y_zero_row = int(self.factor_rows.sum()), int(self.label_rows.sum())
-        self.factors = _upload(src, keys, False, x_elems, self.storage, device)
-        self.labels = _upload(src, keys, True, y_elems, self.storage, device)
-        self.host_bytes_per_step = 0  # bytes the last step's `rows` handed to TensorFlow
+                f"gather='device' needs {needed + BATCHES_HELD * batch_bytes} bytes on {device} for the arrays of "
+                f"{len(keys)} keys and {BATCHES_HELD} batches, over the device_memory_budget of {budget} bytes; use "
+                f"shuffle='blocks' (each block uploaded once per epoch), shard_by='keys' (each process uploads its "
+                f"shard's keys only), a smaller storage_dtype (e.g. 'float16'), or gather='host'")
+        # A block holds keys whose bytes of array data (as the plan counts them) fit in half the memory budget,
+        # or one larger key: its device bytes are at most that cap times the largest device/data ratio of a key,
+        # or the largest key's. A straddling batch's group is its windows.
+        key_bytes = np.maximum(plan._core.key_bytes.astype(np.float64), 1.0)
+        device_bytes = (self.factor_len * self.x_elems + self.label_len * self.y_elems) * itemsize
+        memory_budget = plan.memory_budget if plan.memory_budget is not None else DEFAULT_MEMORY_BUDGET
+        block = max(int(device_bytes.max(initial=0)), int(memory_budget // 2 * (device_bytes / key_bytes).max()))
+        block += (self.x_elems + self.y_elems) * itemsize  # the zero rows
+        straddler = (self.batch_size * self.window + 1) * self.x_elems * itemsize + \
+            (self.batch_size + 1) * self.y_elems * itemsize
+        self.group_bytes = max(block, straddler)
+        self.needed_bytes = GROUPS_HELD * self.group_bytes + BATCHES_HELD * batch_bytes
+        if self.needed_bytes > budget:
+            raise ValueError(
+                f"gather='device' with shuffle='blocks' holds {GROUPS_HELD} blocks of up to {self.group_bytes} "
+                f"bytes on {device} (memory_budget={memory_budget}: blocks of up to half of it in data bytes) and "
+                f"{BATCHES_HELD} batches: {self.needed_bytes} bytes, over the device_memory_budget of {budget} "
+                f"bytes; use a smaller memory_budget, a smaller storage_dtype (e.g. 'float16'), or gather='host'")
 
+    # -- resident ----------------------------------------------------------------------------------------
     def rows(self, epoch, batch):
-        """Host half of a step: (x start row, first valid window row, end of valid window rows, label row)."""
+        """Host half of a resident step: (x start row, first valid window row, end of valid window rows, label
+        row), from the plan's ids of batch `batch` of epoch `epoch`."""
         ids = self._plan._core.ids(int(epoch), int(batch))
-        keys, features, labels = self._src._core.sample_fields(ids)
-        first = features - (self.window - 1)
-        start = self.factor_first[keys] + first
-        lo = np.zeros(len(ids), np.int64)
-        hi = np.full(len(ids), self.window, np.int64)
-        y = self.label_first[keys] + labels
-        if self.pad:
-            lengths = self.factor_len[keys]
-            lo = np.clip(-first, 0, self.window)
-            hi = np.clip(lengths - first, 0, self.window)
-            y = np.where((labels >= 0) & (labels < self.label_len[keys]), y, self.y_zero_row)
-        out = (start, lo, hi, y)
+        out = self._start_rows(ids, self.factor_first, self.label_first, self.y_zero_row)
         self.host_bytes_per_step = sum(a.nbytes for a in out)
         return out
 
-    def form(self, start, lo, hi, y_row):
-        """Device half of a step: the batch, with one gather of factor rows and one of label rows."""
+    def _start_rows(self, ids, factor_first, label_first, y_zero_row):
+        keys, features, labels = self._src._core.sample_fields(ids)
+        first = features - (self.window - 1)
+        start = factor_first[keys] + first
+        lo = np.zeros(len(ids), np.int64)
+        hi = np.full(len(ids), self.window, np.int64)
+        y = label_first[keys] + labels
+        if self.pad:
+            lo = np.clip(-first, 0, self.window)
+            hi = np.clip(self.factor_len[keys] - first, 0, self.window)
+            y = np.where((labels >= 0) & (labels < self.label_len[keys]), y, y_zero_row)
+        return start, lo, hi, y
+
+    def _upload_resident(self, keys, label: bool, device: str):
+        """The arrays of `keys` one after another as (rows + 1, row elements) in the storage dtype on `device`,
+        the last row zeros: read and converted on the host a chunk of keys at a time, joined on the device."""
+        parts = []
+        row_elems = self.y_elems if label else self.x_elems
+        rows = self.label_len if label else self.factor_len
+        chunk, chunk_bytes = [], 0
+        for k in keys:
+            chunk.append(int(k))
+            chunk_bytes += int(rows[k]) * row_elems * 8
+            if chunk_bytes >= UPLOAD_CHUNK_BYTES:
+                parts.append(self._to_device(self._host_rows(chunk, label), device))
+                chunk, chunk_bytes = [], 0
+        if chunk:
+            parts.append(self._to_device(self._host_rows(chunk, label), device))
+        with tf.device(device):
+            parts.append(tf.zeros((1, row_elems), self.storage))
+            return tf.concat(parts, 0) if len(parts) > 1 else parts[0]
+
+    def _to_device(self, host: np.ndarray, device: str):
+        self.uploaded_bytes += host.nbytes
+        with tf.device(device):
+            return tf.constant(host)
+
+    # -- streamed ----------------------------------------------------------------------------------------
+    def groups(self, epoch: int) -> tuple:
+        """Streamed: epoch `epoch`'s groups as rows (first batch, end batch, block or -1 for a batch that
+        straddles two blocks), and its blocks (`Plan.shard_blocks`). The last epoch's are kept."""
+        cached = self._groups
+        if cached is not None and cached[0] == epoch:
+            return cached[1], cached[2]
+        size, batch = self._plan._core.shard_size, self.batch_size
+        num_batches = len(self._plan._core)
+        blocks = self._plan._core.shard_blocks(epoch)
+        ends = np.array([end for _, end, _ in blocks], np.int64)
+        first = np.arange(num_batches, dtype=np.int64) * batch
+        last = np.minimum(first + batch, size) - 1
+        block_of_first = np.searchsorted(ends, first, side="right")
+        owner = np.where(block_of_first == np.searchsorted(ends, last, side="right"), block_of_first, -1)
+        # A group starts at every batch whose owner differs from the previous one's, and at every straddler.
+        starts = np.flatnonzero((owner < 0) | np.concatenate([[True], owner[1:] != owner[:-1]]))
+        table = np.stack([starts, np.append(starts[1:], num_batches), owner[starts]], 1).astype(np.int64)
+        self._groups = (epoch, table, blocks)
+        return table, blocks
+
+    def num_groups(self, epoch) -> np.int64:
+        return np.int64(len(self.groups(int(epoch))[0]))
+
+    def group(self, epoch, index):
+        """Streamed, host half of group `index` of epoch `epoch`: its factor and label rows (zero row last) in
+        the storage dtype, and the start rows of its samples, batch after batch."""
+        epoch, index = int(epoch), int(index)
+        table, blocks = self.groups(epoch)
+        first_batch, end_batch, block = (int(v) for v in table[index])
+        ids = np.concatenate([self._plan._core.ids(epoch, b) for b in range(first_batch, end_batch)])
+        if block < 0:  # a batch over two blocks: its windows, gathered on the host
+            x, y = self._src.get(ids)
+            n = len(ids)
+            factors = self._with_zero_row(np.asarray(x).reshape(n * self.window, self.x_elems))
+            labels = self._with_zero_row(np.asarray(y).reshape(n, self.y_elems))
+            start = np.arange(n, dtype=np.int64) * self.window
+            rows = (start, np.zeros(n, np.int64), np.full(n, self.window, np.int64), np.arange(n, dtype=np.int64))
+        else:
+            keys = np.asarray(blocks[block][2], np.int64)
+            factor_first = np.zeros(len(self.factor_len), np.int64)
+            label_first = np.zeros(len(self.label_len), np.int64)
+            factor_first[keys], label_first[keys] = _starts(self.factor_len[keys]), _starts(self.label_len[keys])
+            factors = self._with_zero_row(self._host_rows(keys.tolist(), False))
+            labels = self._with_zero_row(self._host_rows(keys.tolist(), True))
+            rows = self._start_rows(ids, factor_first, label_first, len(labels) - 1)
+        self.uploaded_bytes += factors.nbytes + labels.nbytes
+        self.host_bytes_per_step = sum(a.nbytes for a in rows) // max(end_batch - first_batch, 1)
+        return (factors, labels, *rows)
+
+    def _with_zero_row(self, host: np.ndarray) -> np.ndarray:
+        out = np.empty((len(host) + 1, host.shape[1]), host.dtype)
+        out[:-1] = host
+        out[-1] = 0
+        return out
+
+    # -- both --------------------------------------------------------------------------------------------
+    def _host_rows(self, keys: list, label: bool) -> np.ndarray:
+        """The arrays of `keys` one after another as (rows, row elements) in the storage dtype, converted as
+        numpy's ``astype`` does: to float64 for float64 data or storage, else float32, then to the storage type."""
+        row_elems = self.y_elems if label else self.x_elems
+        arrays = self._src._key_arrays(keys, label)
+        wide = self.storage == tf.float64 or any(np.dtype(a.dtype).itemsize > 4 and a.dtype.kind == "f" for a in arrays)
+        host = np.concatenate([np.asarray(a).reshape(len(a), row_elems) for a in arrays]) if arrays else \
+            np.zeros((0, row_elems), np.float32)
+        return host.astype(np.float64 if wide else np.float32, copy=False).astype(self.storage.as_numpy_dtype,
+                                                                                  copy=False)
+
+    def form(self, factors, labels, start, lo, hi, y_row):
+        """Device half of a step: the batch, with one gather of factor rows and one of label rows (the last row of
+        `factors` is the zero row)."""
         j = tf.range(self.window, dtype=tf.int64)
         rows = start[:, None] + j[None, :]
         if self.pad:
             valid = (j[None, :] >= lo[:, None]) & (j[None, :] < hi[:, None])
-            rows = tf.where(valid, rows, tf.constant(self.x_zero_row, tf.int64))
-        x = tf.gather(self.factors, rows)
-        y = tf.gather(self.labels, y_row)
+            rows = tf.where(valid, rows, tf.cast(tf.shape(factors, out_type=tf.int64)[0] - 1, tf.int64))
+        x = tf.gather(factors, rows)
+        y = tf.gather(labels, y_row)
         b = tf.shape(start)[0]
         x = tf.reshape(tf.cast(x, self.out_dtype), tf.concat([[b, self.window], self.x_row_shape], 0))
         y = tf.reshape(tf.cast(y, self.out_dtype), tf.concat([[b], self.y_row_shape], 0))
         return x, y
 
+    def _layout_bytes(self, keys) -> int:
+        rows_x, rows_y = int(self.factor_len[keys].sum()) + 1, int(self.label_len[keys].sum()) + 1
+        return (rows_x * self.x_elems + rows_y * self.y_elems) * self.storage.size
+
+
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    """First row of each array laid one after another."""
+    return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(lengths) else np.zeros(0, np.int64)
+
 
 #: Host memory one upload step holds: keys are read and converted this many bytes at a time.
 UPLOAD_CHUNK_BYTES = 256 << 20
-
-
-def _upload(src, keys, label: bool, row_elems: int, storage, device: str):
-    """The arrays of `keys` one after another as (rows + 1, row_elems) in `storage` on `device`, the last row
-    zeros. Read and converted on the host a chunk of keys at a time (as numpy's astype would: to float64 first
-    for float64 data, else float32, then to `storage` on the device), joined on the device."""
-    parts, chunk, chunk_bytes = [], [], 0
-
-    def flush():
-        nonlocal chunk, chunk_bytes
-        arrays = src._key_arrays(chunk, label)
-        wide = storage == tf.float64 or any(np.dtype(a.dtype).itemsize > 4 and a.dtype.kind == "f" for a in arrays)
-        host = np.concatenate([np.asarray(a).reshape(len(a), row_elems) for a in arrays]).astype(
-            np.float64 if wide else np.float32, copy=False)
-        with tf.device(device):
-            parts.append(tf.cast(tf.constant(host), storage))
-        chunk, chunk_bytes = [], 0
-
-    for k, shape in zip(keys, src._key_shapes(keys)[1 if label else 0]):
-        chunk.append(k)
-        chunk_bytes += int(np.prod(shape, dtype=np.int64)) * 8
-        if chunk_bytes >= UPLOAD_CHUNK_BYTES:
-            flush()
-    if chunk:
-        flush()
-    with tf.device(device):
-        parts.append(tf.zeros((1, row_elems), storage))
-        return tf.concat(parts, 0) if len(parts) > 1 else parts[0]

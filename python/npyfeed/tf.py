@@ -50,7 +50,9 @@ the epoch is part of the checkpointed position and a restored repeat continues a
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
+import functools
 import logging
 import os
 import threading
@@ -115,14 +117,21 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         TensorFlow sees, else ``/cpu:0``); each step sends only the batch's start rows from the host (four
         integers per sample, from the plan's ids) and forms ``(B, W, F...)`` and ``(B, L...)`` there with one
         gather each, so windows never cross PCIe. Same batches, orders, shards, epochs and checkpoints as
-        ``"host"``; ``bounds="pad"`` reads zero rows. Several replicas in one process (``MirroredStrategy`` over
-        several GPUs) are refused: run one process per GPU, or ``MultiWorkerMirroredStrategy`` with one GPU per
-        worker. Memory: the arrays in `storage_dtype` on the device (and, while uploading, twice that for a
-        moment and 256 MB of host memory).
+        ``"host"``; ``bounds="pad"`` reads zero rows. Over `device_memory_budget`, ``shuffle="blocks"`` streams:
+        each block of the plan uploaded once per epoch, the next while the current one is consumed (a batch
+        over two blocks is uploaded as its windows); any other order raises ``ValueError``. Several replicas in
+        one process (``MirroredStrategy``): one pipeline per replica, with ``InputOptions(
+        experimental_replication_mode=PER_REPLICA, experimental_place_dataset_on_device=True,
+        experimental_fetch_to_device=False)``, each on its replica's device (the default device is the
+        enclosing ``tf.device`` scope's); one pipeline for several replicas is refused. Memory: the arrays in
+        `storage_dtype` on the device and 4 batches (while uploading, twice the arrays for a moment, and 256 MB
+        of host memory); streamed, two blocks and 4 batches. Iterators on another device than the host's CPU
+        cannot be checkpointed (TensorFlow's ``copy_to_device``).
     device_memory_budget : int, optional
-        With ``gather="device"``: the most bytes the upload may take; over it, ``ValueError`` naming the bytes
-        needed and suggesting ``shard_by="keys"`` or a smaller `storage_dtype`. Default: 80% of the device's
-        free memory (the CUDA runtime's count), or of the memory available on the CPU device.
+        With ``gather="device"``: the most bytes the device may hold for this pipeline; over it, streamed blocks
+        (``shuffle="blocks"``) or ``ValueError`` naming the bytes needed and suggesting ``shuffle="blocks"``,
+        ``shard_by="keys"`` or a smaller `storage_dtype`. Default: 80% of the device's free memory (the CUDA
+        runtime's count), or of the memory available on the CPU device.
     storage_dtype : {"float16", "bfloat16", "float32", "float64"}, optional
         With ``gather="device"``: the type the arrays are held in on the device (default ``src.dtype``); half
         the memory with float16/bfloat16, batches still come in ``src.dtype`` (each value rounded to
@@ -157,8 +166,10 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
             raise ValueError(
                 f"gather='device' forms batches on one device per pipeline, and this strategy has "
                 f"{input_context.num_replicas_in_sync} replicas over {input_context.num_input_pipelines} input "
-                f"pipeline(s): run one process per GPU (each with its own dataset), or MultiWorkerMirroredStrategy "
-                f"with one GPU per worker, or use gather='host'")
+                f"pipeline(s): pass options=tf.distribute.InputOptions(experimental_replication_mode="
+                f"tf.distribute.InputReplicationMode.PER_REPLICA, experimental_place_dataset_on_device=True, "
+                f"experimental_fetch_to_device=False) to distribute_datasets_from_function (one pipeline per "
+                f"replica, on its replica's device), run one process per GPU, or use gather='host'")
         if device is not None:
             raise ValueError("device= and input_context= exclude each other: under tf.distribute the strategy "
                              "copies the batches to its replicas")
@@ -178,7 +189,11 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     # the graph owns the gather: hold it strongly there.
     weak = tf.executing_eagerly()
     on_device = None
+    # gather="device": the pipeline's host part on the host's CPU, whatever device scope it is made in (a strategy
+    # calls a dataset function per replica in its replica's scope); its device part on `target`.
+    host_scope = contextlib.nullcontext
     if gather == "device":
+        host_scope = functools.partial(tf.device, "/cpu:0")
         from ._device import STORAGE_DTYPES, DeviceGather
 
         if storage_dtype is not None and str(storage_dtype) not in STORAGE_DTYPES:
@@ -189,7 +204,6 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         _check_device(target)
         on_device = DeviceGather(src, plan, target, storage_dtype, device_memory_budget)
     steps = len(batches)
-    rows = _Rows(on_device, weak=weak) if on_device is not None else None
 
     dtype = tf.as_dtype(np.dtype(src.dtype))
     batch_dim = int(batch_size) if drop_remainder else None
@@ -242,23 +256,71 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
 
     def start_rows(e, b):
         # gather="device": the host's part of a step, four int64 vectors of B (no window crosses to the device).
+        rows = _DeviceCall(on_device, "rows", weak)
         return tf.numpy_function(rows, [e, b], (tf.int64,) * 4, stateful=False, name="npyfeed_rows")
 
     def form(start, lo, hi, y_row):
-        x, y = on_device.form(start, lo, hi, y_row)
+        x, y = on_device.form(on_device.factors, on_device.labels, start, lo, hi, y_row)
         return tf.ensure_shape(x, x_shape), tf.ensure_shape(y, y_shape)
 
-    def finish(positions, cardinality):
-        ds = positions.map(load if on_device is None else start_rows, num_parallel_calls=1, deterministic=True)
-        ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
+    def epoch_groups(e):
+        # gather="device", streamed: epoch e's groups of batches, as (e, g) like one_epoch's (e, b).
+        e = tf.ensure_shape(seen(e), ())
+        count = tf.numpy_function(_DeviceCall(on_device, "num_groups", weak), [e], tf.int64, stateful=False,
+                                  name="npyfeed_groups")
+        return tf.data.Dataset.range(tf.ensure_shape(count, ())).map(lambda g: (e, g))
+
+    def load_group(e, g):
+        # The group's upload (host arrays) and start rows.
+        storage = on_device.storage
+        out = tf.numpy_function(_DeviceCall(on_device, "group", weak), [e, g], (storage, storage) + (tf.int64,) * 4,
+                                stateful=False, name="npyfeed_group")
+        shapes = [(None, on_device.x_elems), (None, on_device.y_elems)] + [(None,)] * 4
+        return tuple(tf.ensure_shape(t, s) for t, s in zip(out, shapes))
+
+    def group_batches(factors, labels, start, lo, hi, y_row):
+        # On the device: the group's batches, each one gather from the group's arrays.
+        n = tf.shape(start, out_type=tf.int64)[0]
+        size = tf.constant(batch_size, tf.int64)
+
+        def one(i):
+            a = i * size
+            b = tf.minimum(a + size, n)
+            x, y = on_device.form(factors, labels, start[a:b], lo[a:b], hi[a:b], y_row[a:b])
+            return tf.ensure_shape(x, x_shape), tf.ensure_shape(y, y_shape)
+
+        return tf.data.Dataset.range((n + size - 1) // size).map(one)
+
+    def with_checkpoint_options(ds):
         options = tf.data.Options()
         options.experimental_symbolic_checkpoint = True  # checkpoints hold positions, not prefetched batches
-        ds = ds.prefetch(tf.data.AUTOTUNE).with_options(options)
+        return ds.with_options(options)
+
+    def finish_streamed(groups, cardinality):
+        # gather="device", streamed: `groups` are the passes' (e, g); each group uploaded once, then its batches.
+        ds = groups.map(load_group, num_parallel_calls=1, deterministic=True)
+        ds = ds.prefetch(1)  # the next group read while the current one is consumed
+        on_host = _is_host(target)
+        if not on_host:
+            ds = ds.apply(tf.data.experimental.copy_to_device(target))
+        with tf.device(target):
+            if not on_host:
+                ds = ds.prefetch(1)  # and uploaded while the current one is consumed
+            ds = ds.flat_map(group_batches).apply(tf.data.experimental.assert_cardinality(cardinality))
+            return with_checkpoint_options(ds.prefetch(2))
+
+    def finish(positions, cardinality):
+        # `positions`: the passes' (e, b) (one_epoch), or streamed their (e, g) (epoch_groups).
+        if on_device is not None and on_device.streams:
+            return finish_streamed(positions, cardinality)
+        ds = positions.map(load if on_device is None else start_rows, num_parallel_calls=1, deterministic=True)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
+        ds = with_checkpoint_options(ds.prefetch(tf.data.AUTOTUNE))
         if on_device is None:
             if device is not None:
                 ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
             return ds
-        if _is_cpu(target):
+        if _is_host(target):
             return ds.map(form, num_parallel_calls=1, deterministic=True).prefetch(2)
         # The start rows go to the device; the batch is formed there, by a map that runs on the device.
         ds = ds.apply(tf.data.experimental.copy_to_device(target))
@@ -271,10 +333,13 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
             epochs, cardinality = tf.data.Dataset.range(epoch, 2**62), tf.data.INFINITE_CARDINALITY
         else:
             epochs, cardinality = tf.data.Dataset.range(epoch, epoch + count), count * steps
-        return _hold(finish(epochs.flat_map(one_epoch), cardinality), batches, feed, on_device)
+        with host_scope():
+            return _hold(finish(epochs.flat_map(per_epoch), cardinality), batches, feed, on_device)
 
-    ds = finish(tf.data.Dataset.range(1).map(start_pass).flat_map(one_epoch), steps)
-    if device is not None or (on_device is not None and not _is_cpu(target)):
+    per_epoch = epoch_groups if on_device is not None and on_device.streams else one_epoch
+    with host_scope():
+        ds = finish(tf.data.Dataset.range(1).map(start_pass).flat_map(per_epoch), steps)
+    if device is not None or (on_device is not None and not _is_host(target)):
         return _hold(ds, batches, feed, on_device)
     return _hold(_Dataset(ds, repeat), batches, feed, on_device)
 
@@ -335,13 +400,21 @@ def _load_native_ops():
 
 
 def _default_device() -> str:
-    """The first GPU TensorFlow sees, else the CPU."""
+    """Where an op made here would run: the device of an enclosing ``tf.device`` scope (also the replica's device
+    when a strategy calls a dataset function per replica), else TensorFlow's default, the first GPU it sees,
+    else the CPU."""
+    if tf.executing_eagerly():
+        placed = tf.zeros(()).device
+        if placed:
+            return placed
     gpus = tf.config.list_logical_devices("GPU")
     return gpus[0].name if gpus else "/cpu:0"
 
 
-def _is_cpu(device: str) -> bool:
-    return (tf.DeviceSpec.from_string(device).device_type or "CPU").upper() == "CPU"
+def _is_host(device: str) -> bool:
+    """Whether `device` is the host's first CPU, where tf.data runs (no copy to another device)."""
+    spec = tf.DeviceSpec.from_string(device)
+    return (spec.device_type or "CPU").upper() == "CPU" and not spec.device_index
 
 
 def _check_device(device: str) -> None:
@@ -355,17 +428,19 @@ def _check_device(device: str) -> None:
                          f"({', '.join(d.name for d in known) or 'none'})")
 
 
-class _Rows:
-    """gather="device": the host half of a step (`DeviceGather.rows`), held weakly in eager mode like `_Gather`."""
+class _DeviceCall:
+    """gather="device": a host half of a step (`DeviceGather.rows`, `.groups`, `.group`), held weakly in eager
+    mode like `_Gather`."""
 
-    def __init__(self, on_device, weak: bool):
+    def __init__(self, on_device, method: str, weak: bool):
         self._device = weakref.ref(on_device) if weak else (lambda: on_device)
+        self._method = method
 
-    def __call__(self, epoch, batch):
+    def __call__(self, *args):
         on_device = self._device()
         if on_device is None:
             raise RuntimeError("npyfeed.tf: the dataset was garbage-collected while its pipeline still ran")
-        return on_device.rows(epoch, batch)
+        return getattr(on_device, self._method)(*args)
 
 
 class _Passes:

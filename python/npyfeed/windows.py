@@ -379,6 +379,11 @@ class WindowSource:
             if p.endswith(".npz"):
                 with np.load(p, allow_pickle=False) as archive:
                     loaded[p] = archive[self._member] if self._member else archive[archive.files[0]]
+        shapes = self._key_shapes(keys)[1 if label else 0]
+        for p, shape in zip(paths, shapes):
+            if tuple(loaded[p].shape) != tuple(shape):  # replaced since this source was made
+                raise _core.NpyFormatError(f"{p}: shape {tuple(loaded[p].shape)}, but {tuple(shape)} when this source "
+                                     f"was made")
         return [loaded[p] for p in paths]
 
     def _warn_direct_fallback(self) -> None:
