@@ -12,6 +12,8 @@ set in the users' layout (W=100, B=256, F=256, float32), reading each measuremen
             (``prefetch_to_device``)
   device    ``npyfeed.tf.dataset(src, B, shuffle=True, gather="device", device=...)``: the arrays uploaded once,
             each step's host part only start rows (4 x B int64), the batch formed on the device by one gather
+  streamed  the same with ``shuffle="blocks"`` and a device budget under the arrays' size: each block (an eighth
+            of the data) uploaded once per epoch, the next while the current one is consumed
   ready     a ``numpy_function`` that returns the same ready, aligned batch every time: the copy alone (and
             TensorFlow's own work per element), nothing gathered
 
@@ -84,6 +86,7 @@ def main(argv=None) -> int:
     src = npyfeed.WindowSource(ds.index_paths[0], str(ds.factor_dir("S000")), str(ds.label_dir("S000")),
                                args.window, mode="mmap", threads=threads)
     batch_bytes = args.batch * args.window * args.cols * 4
+    data_bytes = sum(os.path.getsize(p) for p in ds.factor_paths + ds.label_paths)
     per_epoch = len(src) // args.batch
     if per_epoch < 2 * args.steps + 20:
         raise SystemExit(f"{per_epoch} batches per epoch: too few for {args.steps} steps; add --files")
@@ -134,8 +137,14 @@ def main(argv=None) -> int:
     feeds = {"npyfeed": lambda seed: nftf.dataset(src, args.batch, shuffle=True, seed=seed, device=device),
              "device": lambda seed: nftf.dataset(src, args.batch, shuffle=True, seed=seed, gather="device",
                                                  device=device),
+             # Under the arrays' size on the device: blocks of an eighth of the data, each uploaded once per epoch
+             # (two held, and the batches).
+             "streamed": lambda seed: nftf.dataset(src, args.batch, shuffle="blocks", seed=seed,
+                                                   memory_budget=data_bytes // 4, gather="device", device=device,
+                                                   device_memory_budget=streamed_budget),
              "ready": ready_dataset}
     y_bytes = args.batch * int(np.prod(src.y_shape, dtype=np.int64)) * 4
+    streamed_budget = int(1.1 * (data_bytes // 4 + 5 * (batch_bytes + y_bytes)))
     h2d_bytes = {"npyfeed": batch_bytes + y_bytes, "ready": batch_bytes + y_bytes}
     cpu_per_step: dict = {}  # host CPU seconds per step (this process, every thread), at the best repeat
 
@@ -152,6 +161,10 @@ def main(argv=None) -> int:
                 cpu_per_step[(name, k)] = (time.process_time() - cpu0) / args.steps
             if name == "device":
                 h2d_bytes["device"] = ds._npyfeed_device.host_bytes_per_step
+            if name == "streamed":  # the start rows, and the blocks uploaded so far over the steps taken
+                on_device = ds._npyfeed_device
+                assert on_device.streams, "the streamed feed must be over its device budget"
+                h2d_bytes["streamed"] = on_device.host_bytes_per_step + on_device.uploaded_bytes / (10 + args.steps)
             del it, ds
         return best
 
@@ -210,10 +223,13 @@ def main(argv=None) -> int:
             f"{batch_bytes / h2d / 1e9:.1f} GB/s", h2d),
         row("feed npyfeed: npyfeed.tf.dataset(device=...)", feed["npyfeed"], feed_name="npyfeed"),
         row("feed device: npyfeed.tf.dataset(gather='device')", feed["device"], feed_name="device"),
+        row("feed streamed: gather='device', shuffle='blocks' over the device budget", feed["streamed"],
+            feed_name="streamed"),
         row("feed ready: a ready batch, copied", feed["ready"], feed_name="ready"),
         row(f"compute: {k} matmul(s) on a resident batch (the limit)", comp, samples=False),
         row("both: npyfeed into that compute", both["npyfeed"], feed_name="npyfeed", matmuls=k),
         row("both: device into that compute", both["device"], feed_name="device", matmuls=k),
+        row("both: streamed into that compute", both["streamed"], feed_name="streamed", matmuls=k),
         row("both: ready into that compute", both["ready"], feed_name="ready", matmuls=k),
     ]
     print(f"npyfeed {npyfeed.__version__} bench_gpu on {device}: {args.files} files x ({args.rows}, {args.cols}) "
