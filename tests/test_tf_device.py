@@ -222,6 +222,25 @@ def test_over_the_device_budget_other_orders_and_small_budgets_are_refused(tf):
                            device_memory_budget=4000)
 
 
+def test_in_a_graph_large_arrays_stream_or_are_refused(tf, monkeypatch):
+    """tf.compat.v1 / tf.estimator: resident arrays would be graph constants (2 GB protocol buffer limit): past
+    GRAPH_CONSTANT_BYTES, shuffle="blocks" streams (same batches in a Session) and other orders are refused."""
+    import npyfeed._device
+
+    monkeypatch.setattr(npyfeed._device, "GRAPH_CONSTANT_BYTES", 5000)
+    src = _stream_source("pad")
+    graph = tf.Graph()
+    with graph.as_default():
+        ds = npyfeed.tf.dataset(src, BATCH, shuffle="blocks", memory_budget=STREAM_BLOCKS, seed=8, gather="device")
+        assert ds._npyfeed_device.streams
+        x, y = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+        with tf.compat.v1.Session() as session:
+            got = [tuple(session.run([x, y])) for _ in range(len(ds._npyfeed_batches))]
+        with pytest.raises(ValueError, match=r"in a graph .* graph constants, at most 5000 bytes.*shuffle='blocks'"):
+            npyfeed.tf.dataset(src, BATCH, shuffle=True, gather="device")
+    _assert_same(got, list(src.batches(BATCH, shuffle="blocks", memory_budget=STREAM_BLOCKS, seed=8)))
+
+
 def test_streamed_file_replaced_after_construction_names_it(tf, tmp_path):
     from npyfeed._layout import index_text, write_index, write_key
 

@@ -32,6 +32,9 @@ STORAGE_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 #: Streamed: groups held on the device at once (the one being consumed and the next one, uploading).
 GROUPS_HELD = 2
+#: In a graph (tf.compat.v1, tf.estimator), resident arrays are constants of the graph, whose protocol buffer
+#: holds at most 2 GB: past this many bytes, shuffle="blocks" streams instead (groups flow through the pipeline).
+GRAPH_CONSTANT_BYTES = 1 << 30
 #: Formed batches the device may hold at once beside the arrays (the pipeline's prefetch, one being formed, one
 #: in the model's hands), counted in the budget.
 BATCHES_HELD = 4
@@ -88,7 +91,9 @@ class DeviceGather:
                 raise ValueError(f"gather='device': cannot tell the free memory of {device}; pass device_memory_budget")
             budget = int(free * DEFAULT_BUDGET_SHARE)
         self.budget = budget
-        self.streams = needed + BATCHES_HELD * batch_bytes > budget
+        in_graph = not tf.executing_eagerly()
+        resident_limit = min(budget, GRAPH_CONSTANT_BYTES + BATCHES_HELD * batch_bytes) if in_graph else budget
+        self.streams = needed + BATCHES_HELD * batch_bytes > resident_limit
         self.host_bytes_per_step = 0  # bytes the last step's host half handed to TensorFlow per batch
         self.uploaded_bytes = 0  # bytes of arrays handed to TensorFlow for the device so far
         self._groups = None  # streamed: (epoch, groups, blocks) of the last epoch asked
@@ -102,6 +107,11 @@ class DeviceGather:
             self.factors = self._upload_resident(keys, False, device)
             self.labels = self._upload_resident(keys, True, device)
             return
+        if shuffle_kind(plan.shuffle) != "blocks" and needed + BATCHES_HELD * batch_bytes <= budget:
+            raise ValueError(
+                f"gather='device' in a graph (tf.compat.v1, tf.estimator) holds its arrays as graph constants, "
+                f"at most {GRAPH_CONSTANT_BYTES} bytes, and these are {needed}: use shuffle='blocks' (streamed, no "
+                f"constants), shard_by='keys', a smaller storage_dtype, eager execution, or gather='host'")
         if shuffle_kind(plan.shuffle) != "blocks":
             raise ValueError(
                 f"gather='device' needs {needed + BATCHES_HELD * batch_bytes} bytes on {device} for the arrays of "
