@@ -32,7 +32,7 @@ class TfFeedHandle {
 };
 
 TfFeedHandle* make_handle(std::shared_ptr<EpochPlan> plan, std::int64_t first_epoch) {
-  return new TfFeedHandle(std::make_shared<TfFeedOf<EpochPlan>>(std::move(plan)), first_epoch);
+  return new TfFeedHandle(std::make_shared<TfFeed>(std::move(plan)), first_epoch);
 }
 
 }  // namespace

@@ -16,28 +16,18 @@
 #include <utility>
 #include <vector>
 
-#include "npyfeed/errors.hpp"
+#include "npyfeed/epoch_plan.hpp"
 #include "npyfeed/tf_feed_abi.h"
-#include "npyfeed/window_source.hpp"
 
 namespace npyfeed {
-
-/// A plan without sample ids (shuffle="blocks" so far). Maps to UNIMPLEMENTED.
-class IdsNotSupported : public Error {
- public:
-  IdsNotSupported() : Error("npyfeed.tf: sample ids are not supported yet for shuffle='blocks'") {}
-};
 
 /// A plan as the ops see it: batch b of epoch e, its sample ids, and the epoch of each new pass.
 class TfFeed {
  public:
-  virtual ~TfFeed() = default;
-  virtual WindowBatch take(std::uint64_t epoch, std::size_t batch) = 0;
-  /// Throws IdsNotSupported where the plan has none.
-  virtual std::vector<std::int64_t> ids(std::uint64_t epoch, std::size_t batch) = 0;
-  virtual const WindowSource& source() const = 0;
-  /// Cuts a take() in flight short (it throws Cancelled); later ones work again.
-  virtual void close_plan() = 0;
+  explicit TfFeed(std::shared_ptr<EpochPlan> plan) : plan_(std::move(plan)) {}
+  WindowBatch take(std::uint64_t epoch, std::size_t batch) { return plan_->take(epoch, batch); }
+  std::vector<std::int64_t> ids(std::uint64_t epoch, std::size_t batch) const { return plan_->ids(epoch, batch); }
+  const WindowSource& source() const { return plan_->source(); }
 
   /// The epoch of the next pass (each call a new one, from `first_epoch` on).
   std::int64_t next_epoch() { return next_epoch_.fetch_add(1); }
@@ -48,33 +38,13 @@ class TfFeed {
   bool closed() const { return closed_.load(); }
   void close() {
     closed_.store(true);
-    close_plan();
+    plan_->close();
   }
 
  private:
+  std::shared_ptr<EpochPlan> plan_;
   std::atomic<std::int64_t> next_epoch_{0};
   std::atomic<bool> closed_{false};
-};
-
-/// Any plan with take(epoch, batch) -> WindowBatch, source() and close(); ids(epoch, batch) where it has them.
-/// The one place to name the plan type (EpochPlan).
-template <class Plan>
-class TfFeedOf final : public TfFeed {
- public:
-  explicit TfFeedOf(std::shared_ptr<Plan> plan) : plan_(std::move(plan)) {}
-  WindowBatch take(std::uint64_t epoch, std::size_t batch) override { return plan_->take(epoch, batch); }
-  std::vector<std::int64_t> ids(std::uint64_t epoch, std::size_t batch) override {
-    if constexpr (requires(const Plan& p) { p.ids(epoch, batch); }) {
-      return plan_->ids(epoch, batch);
-    } else {
-      throw IdsNotSupported();
-    }
-  }
-  const WindowSource& source() const override { return plan_->source(); }
-  void close_plan() override { plan_->close(); }
-
- private:
-  std::shared_ptr<Plan> plan_;
 };
 
 /// Registers `feed` (first pass: epoch `first_epoch`); returns its id (never reused in a process).

@@ -7,6 +7,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "npyfeed/errors.hpp"
+
 namespace npyfeed {
 
 namespace {
@@ -20,7 +22,6 @@ enum Code : int {
   kNotFound = 5,
   kResourceExhausted = 8,
   kFailedPrecondition = 9,
-  kUnimplemented = 12,
 };
 
 struct Registry {
@@ -67,8 +68,6 @@ int with_feed(std::int64_t id, const Body& body) noexcept {
                                       : fail(kUnknown, std::string("OSError: ") + e.what());
   } catch (const Cancelled&) {
     return fail(kCancelled, "npyfeed.tf: the gather was cancelled");
-  } catch (const IdsNotSupported& e) {
-    return fail(kUnimplemented, e.what());
   } catch (const NpyFormatError& e) {
     return fail(kInvalidArgument, std::string("NpyFormatError: ") + e.what());
   } catch (const IndexOutOfRange& e) {

@@ -72,7 +72,7 @@ TEST_CASE("tf feed: take and ids through the table equal the plan's, and every o
   const NpyfeedTfFeedApi& api = tf_feed_api();
   CHECK_EQ(api.abi_version, static_cast<uint32_t>(NPYFEED_TF_FEED_ABI_VERSION));
   const std::int64_t owners = tf_feed_owners();
-  const std::int64_t id = register_tf_feed(std::make_shared<TfFeedOf<EpochPlan>>(plan), 2);
+  const std::int64_t id = register_tf_feed(std::make_shared<TfFeed>(plan), 2);
   for (std::size_t b = 0; b < plan->num_batches(); ++b) {
     NpyfeedTfBatch got;
     REQUIRE(api.take(id, 3, b, &got) == 0);
@@ -117,7 +117,7 @@ TEST_CASE("tf feed: shuffle='blocks' through the table: ids and take agree with 
   TempDir dir;
   auto source = open_source(dir);
   auto plan = std::make_shared<EpochPlan>(source, EpochSpec(Shuffle::kBlocks, 7, 1, 0, 8, false, 1 << 20));
-  const std::int64_t id = register_tf_feed(std::make_shared<TfFeedOf<EpochPlan>>(plan), 0);
+  const std::int64_t id = register_tf_feed(std::make_shared<TfFeed>(plan), 0);
   const int64_t* ids = nullptr;
   size_t count = 0;
   void* owner = nullptr;
@@ -137,7 +137,7 @@ TEST_CASE("tf feed: threads taking while the feed is unregistered get a batch or
   const std::int64_t owners = tf_feed_owners();
   auto plan = std::make_shared<EpochPlan>(source, EpochSpec(Shuffle::kGlobal, 7, 1, 0, 4, false, 0));
   const std::size_t batches = plan->num_batches();
-  const std::int64_t id = register_tf_feed(std::make_shared<TfFeedOf<EpochPlan>>(std::move(plan)), 0);
+  const std::int64_t id = register_tf_feed(std::make_shared<TfFeed>(std::move(plan)), 0);
   std::atomic<int> taken{0}, refused{0}, wrong{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -181,7 +181,7 @@ TEST_CASE("tf feed: closing the feed cuts a take waiting for its gather short") 
   });
   while (holding.load() < workers) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   auto plan = std::make_shared<EpochPlan>(source, EpochSpec(Shuffle::kGlobal, 7, 1, 0, 8, false, 0));
-  const std::int64_t id = register_tf_feed(std::make_shared<TfFeedOf<EpochPlan>>(plan), 0);
+  const std::int64_t id = register_tf_feed(std::make_shared<TfFeed>(plan), 0);
   std::atomic<int> code{-1};
   std::thread taker([&] {
     NpyfeedTfBatch got;
