@@ -157,13 +157,13 @@ STREAM_BLOCKS = 6000  # memory_budget: blocks of up to 3000 bytes of data, two o
 STREAM_DEVICE = 12000  # device_memory_budget: under the 15,000 bytes every key would take, over two blocks
 
 
-def _stream_source(bounds="skip"):
+def _stream_source(bounds="skip", dtype="<f4", out="float32"):
     rng = np.random.default_rng(11)
-    factors = {f"k{i:02d}": rng.standard_normal((STREAM_ROWS, 3)).astype("<f4") for i in range(STREAM_KEYS)}
-    labels = {k: rng.standard_normal((STREAM_ROWS, 2)).astype("<f4") for k in factors}
+    factors = {f"k{i:02d}": rng.standard_normal((STREAM_ROWS, 3)).astype(dtype) for i in range(STREAM_KEYS)}
+    labels = {k: rng.standard_normal((STREAM_ROWS, 2)).astype(dtype) for k in factors}
     first = 0 if bounds == "pad" else WINDOW - 1
     index = [(f, f if bounds == "skip" else f + 2, k) for k in factors for f in range(first, STREAM_ROWS)]
-    return npyfeed.WindowSource.from_arrays(index, factors, labels, WINDOW, bounds=bounds, cache=False)
+    return npyfeed.WindowSource.from_arrays(index, factors, labels, WINDOW, bounds=bounds, dtype=out, cache=False)
 
 
 def _streamed(src, device_memory_budget=STREAM_DEVICE, **kw):
@@ -183,7 +183,7 @@ def test_blocks_over_the_device_budget_stream_each_block_once_per_epoch(tf, boun
         _assert_same(_pass(ds), list(src.batches(BATCH, shuffle="blocks", seed=5, epoch=epoch,
                                                  memory_budget=STREAM_BLOCKS)))
         table, blocks = on_device.groups(epoch)
-        straddlers = int((table[:, 2] < 0).sum())
+        straddlers = int((table[:, 2] != table[:, 3]).sum())
         assert len(blocks) > 2 and straddlers < len(blocks)
         # Every block once (and a zero row per group), plus the windows of the batches over two blocks.
         uploaded = on_device.uploaded_bytes - before
@@ -202,11 +202,16 @@ def test_streamed_blocks_resume_from_a_checkpoint(tf, tmp_path):
     _assert_resumes(tf, tmp_path, src, lambda: _streamed(src, seed=6), want, [3, half // 2, half, half + 9])
 
 
-def test_streamed_storage_dtype_rounds_as_numpy(tf):
-    src = _stream_source("skip")
+@pytest.mark.parametrize("dtype", ["<f4", "<f8"])
+def test_streamed_storage_dtype_rounds_once_as_numpy(tf, dtype):
+    src = _stream_source("pad", dtype=dtype)
     ds = _streamed(src, seed=1, storage_dtype="float16", device_memory_budget=8000)  # the half that fits 12000
     assert ds._npyfeed_device.streams
-    _assert_same(_pass(ds), list(src.batches(BATCH, shuffle="blocks", seed=1, memory_budget=STREAM_BLOCKS)),
+    table, _ = ds._npyfeed_device.groups(0)
+    assert (table[:, 2] != table[:, 3]).any()  # batches over two blocks too
+    # The source's values rounded to float16 once (from float64 too, as numpy's astype), returned as float32.
+    ref = _stream_source("pad", dtype=dtype, out="float64")
+    _assert_same(_pass(ds), list(ref.batches(BATCH, shuffle="blocks", seed=1, memory_budget=STREAM_BLOCKS)),
                  cast=lambda a: a.astype(np.float16).astype(np.float32))
 
 
@@ -360,11 +365,13 @@ def test_bad_arguments_fail_at_construction(tf):
         npyfeed.tf.dataset(src, BATCH, gather="device", input_context=context)
 
 
-def test_keras_fit(tf):
-    src = _source("pad")
+@pytest.mark.parametrize("streamed", [False, True], ids=["resident", "streamed"])
+def test_keras_fit(tf, streamed):
+    src = _stream_source("pad")
+    ds = _streamed(src, seed=1) if streamed else npyfeed.tf.dataset(src, BATCH, shuffle=True, gather="device")
+    assert ds._npyfeed_device.streams == streamed
     model = tf.keras.Sequential([tf.keras.layers.Input((WINDOW, 3)), tf.keras.layers.Flatten(),
                                  tf.keras.layers.Dense(2)])
     model.compile("sgd", "mse")
-    history = model.fit(npyfeed.tf.dataset(src, BATCH, shuffle=True, gather="device"), epochs=2, verbose=0,
-                        shuffle=False)
+    history = model.fit(ds, epochs=2, verbose=0, shuffle=False)
     assert len(history.history["loss"]) == 2 and np.isfinite(history.history["loss"]).all()

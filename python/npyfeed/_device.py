@@ -10,9 +10,9 @@ then one zero row that windows read for rows outside their key's array (``bounds
   (`Plan.ids`, no IO), their (key, feature_index, label_index) from the index, and four int64 vectors.
 * **streamed** (``shuffle="blocks"`` over more than the budget): each epoch is cut into *groups* of consecutive
   batches: the batches inside one block of the plan (`Plan.shard_blocks`) share one upload of that block's keys;
-  a batch that straddles two blocks is a group of its own whose upload is its windows, gathered on the host (one
-  batch per block). `group` builds a group's upload and start rows on the host; the pipeline uploads the next
-  group while the current one is consumed, so each block crosses once per epoch.
+  a batch that straddles two blocks is a group of its own whose upload is its windows, taken on the host from
+  both blocks' rows (one batch per block). `group` builds a group's upload and start rows on the host; the
+  pipeline uploads the next group while the current one is consumed, so each block crosses once per epoch.
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ class DeviceGather:
         self.host_bytes_per_step = 0  # bytes the last step's host half handed to TensorFlow per batch
         self.uploaded_bytes = 0  # bytes of arrays handed to TensorFlow for the device so far
         self._groups = None  # streamed: (epoch, groups, blocks) of the last epoch asked
+        self._host_blocks: list = []  # streamed: ((epoch, block), rows) of the last two blocks read
         if not self.streams:
             self.needed_bytes = needed + BATCHES_HELD * batch_bytes
             self.factor_first = np.full(len(src.keys), -1, np.int64)
@@ -185,8 +186,9 @@ class DeviceGather:
 
     # -- streamed ----------------------------------------------------------------------------------------
     def groups(self, epoch: int) -> tuple:
-        """Streamed: epoch `epoch`'s groups as rows (first batch, end batch, block or -1 for a batch that
-        straddles two blocks), and its blocks (`Plan.shard_blocks`). The last epoch's are kept."""
+        """Streamed: epoch `epoch`'s groups as rows (first batch, end batch, first block, last block: the same
+        block for a group of batches inside one, two or more for a batch that straddles them), and its blocks
+        (`Plan.shard_blocks`). The last epoch's are kept."""
         cached = self._groups
         if cached is not None and cached[0] == epoch:
             return cached[1], cached[2]
@@ -195,12 +197,14 @@ class DeviceGather:
         blocks = self._plan._core.shard_blocks(epoch)
         ends = np.array([end for _, end, _ in blocks], np.int64)
         first = np.arange(num_batches, dtype=np.int64) * batch
-        last = np.minimum(first + batch, size) - 1
-        block_of_first = np.searchsorted(ends, first, side="right")
-        owner = np.where(block_of_first == np.searchsorted(ends, last, side="right"), block_of_first, -1)
-        # A group starts at every batch whose owner differs from the previous one's, and at every straddler.
-        starts = np.flatnonzero((owner < 0) | np.concatenate([[True], owner[1:] != owner[:-1]]))
-        table = np.stack([starts, np.append(starts[1:], num_batches), owner[starts]], 1).astype(np.int64)
+        first_block = np.searchsorted(ends, first, side="right")
+        last_block = np.searchsorted(ends, np.minimum(first + batch, size) - 1, side="right")
+        # A group starts at every straddling batch, and at every batch in another block than the previous one.
+        straddles = first_block != last_block
+        starts = np.flatnonzero(straddles | np.concatenate([[True], first_block[1:] != first_block[:-1]])
+                                | np.concatenate([[False], straddles[:-1]])) if num_batches else np.zeros(0, int)
+        table = np.stack([starts, np.append(starts[1:], num_batches)[:len(starts)], first_block[starts],
+                          last_block[starts]], 1).astype(np.int64).reshape(-1, 4)
         self._groups = (epoch, table, blocks)
         return table, blocks
 
@@ -209,29 +213,53 @@ class DeviceGather:
 
     def group(self, epoch, index):
         """Streamed, host half of group `index` of epoch `epoch`: its factor and label rows (zero row last) in
-        the storage dtype, and the start rows of its samples, batch after batch."""
+        the storage dtype, and the start rows of its samples, batch after batch. A straddling batch's rows are its
+        windows, taken on the host from its blocks' rows (converted once, as every block's)."""
         epoch, index = int(epoch), int(index)
         table, blocks = self.groups(epoch)
-        first_batch, end_batch, block = (int(v) for v in table[index])
+        first_batch, end_batch, first_block, last_block = (int(v) for v in table[index])
         ids = np.concatenate([self._plan._core.ids(epoch, b) for b in range(first_batch, end_batch)])
-        if block < 0:  # a batch over two blocks: its windows, gathered on the host
-            x, y = self._src.get(ids)
-            n = len(ids)
-            factors = self._with_zero_row(np.asarray(x).reshape(n * self.window, self.x_elems))
-            labels = self._with_zero_row(np.asarray(y).reshape(n, self.y_elems))
-            start = np.arange(n, dtype=np.int64) * self.window
-            rows = (start, np.zeros(n, np.int64), np.full(n, self.window, np.int64), np.arange(n, dtype=np.int64))
-        else:
-            keys = np.asarray(blocks[block][2], np.int64)
-            factor_first = np.zeros(len(self.factor_len), np.int64)
-            label_first = np.zeros(len(self.label_len), np.int64)
-            factor_first[keys], label_first[keys] = _starts(self.factor_len[keys]), _starts(self.label_len[keys])
-            factors = self._with_zero_row(self._host_rows(keys.tolist(), False))
-            labels = self._with_zero_row(self._host_rows(keys.tolist(), True))
+        if first_block == last_block:
+            factors, labels, factor_first, label_first = self._block_rows(epoch, first_block, blocks)
             rows = self._start_rows(ids, factor_first, label_first, len(labels) - 1)
+        else:
+            parts = [self._block_rows(epoch, k, blocks) for k in range(first_block, last_block + 1)]
+            factor_first, label_first = parts[0][2].copy(), parts[0][3].copy()
+            x_offset, y_offset = len(parts[0][0]) - 1, len(parts[0][1]) - 1
+            for k, part in zip(range(first_block + 1, last_block + 1), parts[1:]):
+                keys = np.asarray(blocks[k][2], np.int64)
+                factor_first[keys] = part[2][keys] + x_offset
+                label_first[keys] = part[3][keys] + y_offset
+                x_offset, y_offset = x_offset + len(part[0]) - 1, y_offset + len(part[1]) - 1
+            joined_x = np.concatenate([p[0][:-1] for p in parts] + [parts[0][0][-1:]])
+            joined_y = np.concatenate([p[1][:-1] for p in parts] + [parts[0][1][-1:]])
+            start, lo, hi, y_row = self._start_rows(ids, factor_first, label_first, len(joined_y) - 1)
+            j = np.arange(self.window)
+            window_rows = np.where((j >= lo[:, None]) & (j < hi[:, None]), start[:, None] + j, len(joined_x) - 1)
+            n = len(ids)
+            factors = self._with_zero_row(joined_x[window_rows.reshape(-1)])
+            labels = self._with_zero_row(joined_y[y_row])
+            rows = (np.arange(n, dtype=np.int64) * self.window, np.zeros(n, np.int64),
+                    np.full(n, self.window, np.int64), np.arange(n, dtype=np.int64))
         self.uploaded_bytes += factors.nbytes + labels.nbytes
         self.host_bytes_per_step = sum(a.nbytes for a in rows) // max(end_batch - first_batch, 1)
         return (factors, labels, *rows)
+
+    def _block_rows(self, epoch: int, block: int, blocks) -> tuple:
+        """Block `block`'s (factor rows, label rows, zero row last, in the storage dtype; each key's first factor
+        row, first label row); the last two blocks asked are kept (a straddling batch reads the next block
+        before that block's own group does)."""
+        for key, value in self._host_blocks:
+            if key == (epoch, block):
+                return value
+        keys = np.asarray(blocks[block][2], np.int64)
+        factor_first = np.zeros(len(self.factor_len), np.int64)
+        label_first = np.zeros(len(self.label_len), np.int64)
+        factor_first[keys], label_first[keys] = _starts(self.factor_len[keys]), _starts(self.label_len[keys])
+        value = (self._with_zero_row(self._host_rows(keys.tolist(), False)),
+                 self._with_zero_row(self._host_rows(keys.tolist(), True)), factor_first, label_first)
+        self._host_blocks = [*self._host_blocks, ((epoch, block), value)][-2:]
+        return value
 
     def _with_zero_row(self, host: np.ndarray) -> np.ndarray:
         out = np.empty((len(host) + 1, host.shape[1]), host.dtype)
