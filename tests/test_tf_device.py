@@ -97,6 +97,18 @@ def test_storage_dtype_rounds_once_as_numpy(tf, storage):
     _assert_same(_pass(ds), list(ref.batches(BATCH, shuffle=True)), cast=lambda a: a.astype(kind).astype(np.float32))
 
 
+def test_upload_in_chunks_of_keys(tf, monkeypatch):
+    import npyfeed._device
+
+    monkeypatch.setattr(npyfeed._device, "UPLOAD_CHUNK_BYTES", 700)  # a key or two per chunk
+    src = _source("pad", dtype="<f8", out="float32")
+    ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=2, gather="device")
+    assert not ds._npyfeed_device.streams
+    _assert_same(_pass(ds), list(src.batches(BATCH, shuffle=True, seed=2)))
+    rows = sum(len(a) for a in src._arrays[0]) + 1
+    assert ds._npyfeed_device.factors.shape == (rows, 3)
+
+
 def test_the_host_sends_start_rows_only(tf):
     src = _source("pad")
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, gather="device", drop_remainder=True)

@@ -162,24 +162,20 @@ class DeviceGather:
 
     def _upload_resident(self, keys, label: bool, device: str):
         """The arrays of `keys` one after another as (rows + 1, row elements) in the storage dtype on `device`,
-        the last row zeros: read and converted on the host a chunk of keys at a time, joined on the device."""
-        parts = []
+        the last row zeros: read and converted a chunk of keys at a time into one host array, uploaded at once
+        (the device holds the arrays once, never a part and the whole)."""
         row_elems = self.y_elems if label else self.x_elems
         rows = self.label_len if label else self.factor_len
-        chunk, chunk_bytes = [], 0
-        for k in keys:
+        host = np.empty((int(rows[keys].sum()) + 1, row_elems), self.storage.as_numpy_dtype)
+        host[-1] = 0
+        at, chunk, chunk_bytes = 0, [], 0
+        for i, k in enumerate(keys):
             chunk.append(int(k))
             chunk_bytes += int(rows[k]) * row_elems * 8
-            if chunk_bytes >= UPLOAD_CHUNK_BYTES:
-                parts.append(self._to_device(self._host_rows(chunk, label), device))
-                chunk, chunk_bytes = [], 0
-        if chunk:
-            parts.append(self._to_device(self._host_rows(chunk, label), device))
-        with tf.device(device):
-            parts.append(tf.zeros((1, row_elems), self.storage))
-            return tf.concat(parts, 0) if len(parts) > 1 else parts[0]
-
-    def _to_device(self, host: np.ndarray, device: str):
+            if chunk_bytes >= UPLOAD_CHUNK_BYTES or i == len(keys) - 1:
+                part = self._host_rows(chunk, label)
+                host[at:at + len(part)] = part
+                at, chunk, chunk_bytes = at + len(part), [], 0
         self.uploaded_bytes += host.nbytes
         with tf.device(device):
             return tf.constant(host)

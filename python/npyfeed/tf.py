@@ -124,8 +124,8 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         experimental_replication_mode=PER_REPLICA, experimental_place_dataset_on_device=True,
         experimental_fetch_to_device=False)``, each on its replica's device (the default device is the
         enclosing ``tf.device`` scope's); one pipeline for several replicas is refused. Memory: the arrays in
-        `storage_dtype` on the device and 4 batches (while uploading, twice the arrays for a moment, and 256 MB
-        of host memory); streamed, two blocks and 4 batches. Iterators on another device than the host's CPU
+        `storage_dtype` on the device and 4 batches (while uploading, the arrays once in host memory too);
+        streamed, two blocks and 4 batches. Iterators on another device than the host's CPU
         cannot be checkpointed (TensorFlow's ``copy_to_device``).
     device_memory_budget : int, optional
         With ``gather="device"``: the most bytes the device may hold for this pipeline; over it, streamed blocks
