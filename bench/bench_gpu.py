@@ -13,7 +13,8 @@ set in the users' layout (W=100, B=256, F=256, float32), reading each measuremen
   device    ``npyfeed.tf.dataset(src, B, shuffle=True, gather="device", device=...)``: the arrays uploaded once,
             each step's host part only start rows (4 x B int64), the batch formed on the device by one gather
   streamed  the same with ``shuffle="blocks"`` and a device budget under the arrays' size: each block (an eighth
-            of the data) uploaded once per epoch, the next while the current one is consumed
+            of the data) uploaded once per epoch, the next while the current one is consumed (host -> device
+            bytes per step: the start rows and what a whole epoch uploads, over its steps)
   ready     a ``numpy_function`` that returns the same ready, aligned batch every time: the copy alone (and
             TensorFlow's own work per element), nothing gathered
 
@@ -61,6 +62,23 @@ def parse_args(argv=None):
     g.add_argument("--batch", type=int, default=256, help="batch size B (default 256)")
     g.add_argument("--steps", type=int, default=200, help="steps per measurement (default 200)")
     return p.parse_args(argv)
+
+
+def streamed_epoch_bytes(on_device, epoch: int) -> int:
+    """Bytes the streamed feed uploads over epoch `epoch` (from its groups, no IO): each block's rows and zero
+    row, and each straddling batch's windows."""
+    table, blocks = on_device.groups(epoch)
+    size = on_device.storage.size
+    total = 0
+    for first_batch, end_batch, first_block, last_block in table:
+        if first_block == last_block:
+            keys = np.asarray(blocks[first_block][2], np.int64)
+            total += (int(on_device.factor_len[keys].sum()) + 1) * on_device.x_elems * size
+            total += (int(on_device.label_len[keys].sum()) + 1) * on_device.y_elems * size
+        else:
+            n = (end_batch - first_batch) * on_device.batch_size
+            total += ((n * on_device.window + 1) * on_device.x_elems + (n + 1) * on_device.y_elems) * size
+    return total
 
 
 def main(argv=None) -> int:
@@ -161,10 +179,10 @@ def main(argv=None) -> int:
                 cpu_per_step[(name, k)] = (time.process_time() - cpu0) / args.steps
             if name == "device":
                 h2d_bytes["device"] = ds._npyfeed_device.host_bytes_per_step
-            if name == "streamed":  # the start rows, and the blocks uploaded so far over the steps taken
+            if name == "streamed":  # the start rows, and what a whole epoch uploads over its steps
                 on_device = ds._npyfeed_device
                 assert on_device.streams, "the streamed feed must be over its device budget"
-                h2d_bytes["streamed"] = on_device.host_bytes_per_step + on_device.uploaded_bytes / (10 + args.steps)
+                h2d_bytes["streamed"] = on_device.host_bytes_per_step + streamed_epoch_bytes(on_device, r) / per_epoch
             del it, ds
         return best
 
