@@ -82,7 +82,6 @@ class DeviceGather:
         self.label_len = np.array([s[0] if s else 1 for s in label_shapes], np.int64)
         keys = plan._core.shard_keys
         keys = np.arange(len(src.keys)) if keys is None else np.asarray(keys, np.int64)
-        itemsize = self.storage.size
         needed = self._layout_bytes(keys)
         batch_bytes = self.batch_size * (self.window * self.x_elems + self.y_elems) * self.out_dtype.size
         if budget is None:
@@ -119,17 +118,7 @@ class DeviceGather:
                 f"{len(keys)} keys and {BATCHES_HELD} batches, over the device_memory_budget of {budget} bytes; use "
                 f"shuffle='blocks' (each block uploaded once per epoch), shard_by='keys' (each process uploads its "
                 f"shard's keys only), a smaller storage_dtype (e.g. 'float16'), or gather='host'")
-        # A block holds keys whose bytes of array data (as the plan counts them) fit in half the memory budget,
-        # or one larger key: its device bytes are at most that cap times the largest device/data ratio of a key,
-        # or the largest key's. A straddling batch's group is its windows.
-        key_bytes = np.maximum(plan._core.key_bytes.astype(np.float64), 1.0)
-        device_bytes = (self.factor_len * self.x_elems + self.label_len * self.y_elems) * itemsize
-        memory_budget = plan.memory_budget if plan.memory_budget is not None else DEFAULT_MEMORY_BUDGET
-        block = max(int(device_bytes.max(initial=0)), int(memory_budget // 2 * (device_bytes / key_bytes).max()))
-        block += (self.x_elems + self.y_elems) * itemsize  # the zero rows
-        straddler = (self.batch_size * self.window + 1) * self.x_elems * itemsize + \
-            (self.batch_size + 1) * self.y_elems * itemsize
-        self.group_bytes = max(block, straddler)
+        self.group_bytes, memory_budget = self._largest_group_bytes(plan)
         self.needed_bytes = GROUPS_HELD * self.group_bytes + BATCHES_HELD * batch_bytes
         if self.needed_bytes > budget:
             raise ValueError(
@@ -137,6 +126,21 @@ class DeviceGather:
                 f"bytes on {device} (memory_budget={memory_budget}: blocks of up to half of it in data bytes) and "
                 f"{BATCHES_HELD} batches: {self.needed_bytes} bytes, over the device_memory_budget of {budget} "
                 f"bytes; use a smaller memory_budget, a smaller storage_dtype (e.g. 'float16'), or gather='host'")
+
+    def _largest_group_bytes(self, plan) -> tuple:
+        """Streamed: (the most device bytes one group takes, the plan's memory budget). A block holds keys whose
+        bytes of array data (as the plan counts them) fit in half the memory budget, or one larger key: its
+        device bytes are at most that cap times the largest device/data ratio of a key, or the largest key's.
+        A straddling batch's group is its windows."""
+        itemsize = self.storage.size
+        key_bytes = np.maximum(plan._core.key_bytes.astype(np.float64), 1.0)
+        device_bytes = (self.factor_len * self.x_elems + self.label_len * self.y_elems) * itemsize
+        memory_budget = plan.memory_budget if plan.memory_budget is not None else DEFAULT_MEMORY_BUDGET
+        block = max(int(device_bytes.max(initial=0)), int(memory_budget // 2 * (device_bytes / key_bytes).max()))
+        block += (self.x_elems + self.y_elems) * itemsize  # the zero rows
+        straddler = ((self.batch_size * self.window + 1) * self.x_elems + (self.batch_size + 1) * self.y_elems) * \
+            itemsize
+        return max(block, straddler), memory_budget
 
     # -- resident ----------------------------------------------------------------------------------------
     def rows(self, epoch, batch):
