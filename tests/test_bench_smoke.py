@@ -112,8 +112,10 @@ def test_bench_gpu_quick_on_the_cpu(tmp_path):
     assert result["device"] == "/cpu:0" and result["matmuls"] >= 1
     seconds = result["seconds_per_step"]
     assert set(seconds) == {"numpy", "h2d", "compute", "feed_npyfeed", "feed_ready", "both_npyfeed", "both_ready",
-                            "feed_device", "both_device"}
+                            "feed_device", "both_device", "feed_streamed", "both_streamed"}
     assert all(v > 0 for v in seconds.values()), result
     sent = result["host_to_device_bytes_per_step"]
     batch = result["config"]["batch"]
     assert sent["device"] == 4 * 8 * batch < sent["npyfeed"]  # gather="device" sends start rows, not windows
+    # Streamed: the start rows and, over an epoch, every block once (the tiny data set: a few batches' worth).
+    assert 4 * 8 * batch < sent["streamed"] < sent["npyfeed"]
