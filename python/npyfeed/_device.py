@@ -67,6 +67,7 @@ class DeviceGather:
             raise ValueError("gather='device' does not apply features=, label_columns=, nan=, posinf=, neginf= or "
                              "normalize= yet (the device holds the arrays as they are): use gather='host'")
         self.window = src.window
+        self.device = device
         self.batch_size = plan.batch_size
         self.out_dtype = tf.as_dtype(np.dtype(src.dtype))
         self.storage = tf.as_dtype(storage_dtype) if storage_dtype is not None else self.out_dtype
@@ -281,7 +282,12 @@ class DeviceGather:
 
     def form(self, factors, labels, start, lo, hi, y_row):
         """Device half of a step: the batch, with one gather of factor rows and one of label rows (the last row of
-        `factors` is the zero row)."""
+        `factors` is the zero row). Its ops name the device: tf.data's map and flat_map kernels are the host's,
+        and a dataset function whose ops name another device runs as a multi-device function, these ops there."""
+        with tf.device(self.device):
+            return self._form(factors, labels, start, lo, hi, y_row)
+
+    def _form(self, factors, labels, start, lo, hi, y_row):
         j = tf.range(self.window, dtype=tf.int64)
         rows = start[:, None] + j[None, :]
         if self.pad:
