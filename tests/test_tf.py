@@ -564,6 +564,37 @@ _GATHER_IN_FLIGHT_AT_EXIT = """
         time.sleep(0.01)
     print("ok", flush=True)
 """
+# gather="device": its host half (start rows, or a streamed group) is Python too; the same exit as above, with that
+# call taking 2 s.
+_DEVICE_CALL_IN_FLIGHT_AT_EXIT = """
+    import atexit
+    gathers_in_flight = []
+
+    def report_at_finalization():
+        print(f"gathers in flight as finalization starts: {len(gathers_in_flight)}", file=sys.stderr, flush=True)
+
+    atexit.register(report_at_finalization)
+    import npyfeed._device, npyfeed.tf
+    rows = npyfeed._device.DeviceGather.rows
+
+    def slow_rows(self, epoch, batch):
+        gathers_in_flight.append(1)
+        try:
+            if batch > 0:
+                time.sleep(2.0)
+            return rows(self, epoch, batch)
+        finally:
+            gathers_in_flight.pop()
+
+    npyfeed._device.DeviceGather.rows = slow_rows
+    it = iter(npyfeed.tf.dataset(src, 4, gather="device", device="/cpu:0"))
+    next(it)
+    deadline = time.monotonic() + 60
+    while not gathers_in_flight:
+        assert time.monotonic() < deadline, "TensorFlow never asked for another batch"
+        time.sleep(0.01)
+    print("ok", flush=True)
+"""
 _IN_FLIGHT_REPORT = "gathers in flight as finalization starts: "
 
 
@@ -595,6 +626,18 @@ _SCRIPTS = {
         print("ok")
     """,
     "exit_with_gather_in_flight": _GATHER_IN_FLIGHT_AT_EXIT.replace("DISABLE_HOOK", "False"),
+    "exit_with_device_call_in_flight": _DEVICE_CALL_IN_FLIGHT_AT_EXIT,
+    "exit_after_break_device": """
+        import npyfeed.tf
+        for x in npyfeed.tf.dataset(src, 4, shuffle=True, gather="device", device="/cpu:0"):
+            break
+        streamed = npyfeed.tf.dataset(src, 4, shuffle="blocks", memory_budget=1000, gather="device", device="/cpu:0",
+                                      device_memory_budget=3000)
+        assert streamed._npyfeed_device.streams
+        for x in streamed:
+            break
+        print("ok")
+    """,
     # The control: the same script without the exit hook (see test_without_the_exit_hook_gathers_meet_finalization).
     "exit_with_gather_in_flight_without_hook": _GATHER_IN_FLIGHT_AT_EXIT.replace("DISABLE_HOOK", "True"),
     "exit_after_ctrl_c": """
@@ -777,13 +820,14 @@ def test_import_npyfeed_does_not_import_tensorflow(scripts):
 
 
 @pytest.mark.parametrize("name", ["exit_after_fit_steps_per_epoch", "exit_after_break", "exit_with_gather_in_flight",
+                                  "exit_with_device_call_in_flight", "exit_after_break_device",
                                   "exit_after_ctrl_c", "exit_with_native_gathers_in_flight",
                                   "exit_after_fit_steps_per_epoch_numpy_function", "exit_after_break_numpy_function",
                                   "exit_after_ctrl_c_numpy_function"])
 def test_stopping_early_and_exiting_does_not_hang(scripts, name):
     err = scripts.result(name)
     assert "Traceback" not in err
-    if name == "exit_with_gather_in_flight":
+    if name in ("exit_with_gather_in_flight", "exit_with_device_call_in_flight"):
         # The exit hook's guarantee: after it ran, the gather that was in flight has returned (and no new one
         # started), so finalization cannot meet one.
         assert _gathers_in_flight_at_finalization(err) == 0, err[-4000:]

@@ -203,6 +203,8 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         target = device if device is not None else _default_device()
         _check_device(target)
         on_device = DeviceGather(src, plan, target, storage_dtype, device_memory_budget)
+        with _state:
+            _state.touch()  # its host half is Python in TensorFlow's threads: the exit hook waits for it
     steps = len(batches)
 
     dtype = tf.as_dtype(np.dtype(src.dtype))
@@ -440,7 +442,12 @@ class _DeviceCall:
         on_device = self._device()
         if on_device is None:
             raise RuntimeError("npyfeed.tf: the dataset was garbage-collected while its pipeline still ran")
-        return getattr(on_device, self._method)(*args)
+        if not _state.enter():  # as _Gather: the exit hook waits for calls in flight and refuses new ones
+            raise RuntimeError("npyfeed.tf: the interpreter is exiting")
+        try:
+            return getattr(on_device, self._method)(*args)
+        finally:
+            _state.leave()
 
 
 class _Passes:
