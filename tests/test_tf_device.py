@@ -109,6 +109,34 @@ def test_upload_in_chunks_of_keys(tf, monkeypatch):
     assert ds._npyfeed_device.factors.shape == (rows, 3)
 
 
+def _resident_bytes():
+    """Bytes of this process's resident memory."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_the_device_holds_the_arrays_once(tf):
+    """Memory held: the uploaded arrays once, not a second copy at construction (tf.constant kept two) nor at each
+    iterator's start (tf.data's default rewrites copy captured tensors). Arrays of 48 MB, so that a copy stands
+    far above the allocator's noise."""
+    rng = np.random.default_rng(0)
+    factors = {f"k{i}": rng.standard_normal((12000, 250)).astype(np.float32) for i in range(4)}
+    labels = {k: np.zeros((12000, 1), np.float32) for k in factors}
+    src = npyfeed.WindowSource.from_arrays([(f, f, k) for k in factors for f in range(4, 12000, 50)], factors,
+                                           labels, WINDOW, cache=False)
+    arrays = sum(a.nbytes for a in factors.values())
+    gc.collect()
+    before = _resident_bytes()
+    ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, gather="device", device="/cpu:0")
+    gc.collect()
+    built = _resident_bytes()
+    it = iter(ds)
+    next(it)
+    started = _resident_bytes()
+    assert built - before < 1.3 * arrays, (built - before, arrays)
+    assert started - built < 0.3 * arrays, (started - built, arrays)
+
+
 def test_the_host_sends_start_rows_only(tf):
     src = _source("pad")
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, gather="device", drop_remainder=True)

@@ -296,6 +296,10 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     def with_checkpoint_options(ds):
         options = tf.data.Options()
         options.experimental_symbolic_checkpoint = True  # checkpoints hold positions, not prefetched batches
+        if on_device is not None:
+            # tf.data's default graph rewrites at each iterator's start copy the tensors a function captures (the
+            # uploaded arrays: measured, one more copy of them per dataset); this pipeline needs none of them.
+            options.experimental_optimization.apply_default_optimizations = False
         return ds.with_options(options)
 
     def finish_streamed(groups, cardinality):
