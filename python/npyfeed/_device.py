@@ -100,11 +100,8 @@ class DeviceGather:
         self._host_blocks: list = []  # streamed: ((epoch, block), rows) of the last two blocks read
         if not self.streams:
             self.needed_bytes = needed + BATCHES_HELD * batch_bytes
-            self.factor_first = np.full(len(src.keys), -1, np.int64)
-            self.label_first = np.full(len(src.keys), -1, np.int64)
-            self.factor_first[keys] = _starts(self.factor_len[keys])
-            self.label_first[keys] = _starts(self.label_len[keys])
-            self.x_zero_row, self.y_zero_row = int(self.factor_len[keys].sum()), int(self.label_len[keys].sum())
+            self.factor_first, self.label_first = self._first_rows(keys)
+            self.y_zero_row = int(self.label_len[keys].sum())
             self.factors = self._upload_resident(keys, False, device)
             self.labels = self._upload_resident(keys, True, device)
             return
@@ -256,13 +253,19 @@ class DeviceGather:
             if key == (epoch, block):
                 return value
         keys = np.asarray(blocks[block][2], np.int64)
-        factor_first = np.zeros(len(self.factor_len), np.int64)
-        label_first = np.zeros(len(self.label_len), np.int64)
-        factor_first[keys], label_first[keys] = _starts(self.factor_len[keys]), _starts(self.label_len[keys])
+        factor_first, label_first = self._first_rows(keys)
         value = (self._with_zero_row(self._host_rows(keys.tolist(), False)),
                  self._with_zero_row(self._host_rows(keys.tolist(), True)), factor_first, label_first)
         self._host_blocks = [*self._host_blocks, ((epoch, block), value)][-2:]
         return value
+
+    def _first_rows(self, keys: np.ndarray) -> tuple:
+        """Per key of the source (-1 for keys not in `keys`): its first factor row and first label row when the
+        arrays of `keys` lie one after another in that order."""
+        factor_first = np.full(len(self.factor_len), -1, np.int64)
+        label_first = np.full(len(self.label_len), -1, np.int64)
+        factor_first[keys], label_first[keys] = _starts(self.factor_len[keys]), _starts(self.label_len[keys])
+        return factor_first, label_first
 
     def _with_zero_row(self, host: np.ndarray) -> np.ndarray:
         out = np.empty((len(host) + 1, host.shape[1]), host.dtype)
