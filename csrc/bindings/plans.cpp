@@ -33,11 +33,13 @@ class PyStream {
   }
   py::tuple next() {
     if (!stream_) throw py::stop_iteration();
+    const std::uint64_t asked = PipelineStats::now_ns();
     std::shared_ptr<Job> job = without_gil([&] { return stream_->next_job(); });
     if (!job) throw py::stop_iteration();
     wait_in_slices(*job);
     WindowBatch batch = without_gil([&] { return stream_->take(); });
     if (!batch.x) throw py::stop_iteration();  // closed by another thread while we waited
+    plan_->stats()->waited(asked, PipelineStats::now_ns());
     return wrap_window_batch(plan_->source(), batch);
   }
   void close() {
@@ -55,6 +57,31 @@ class PyStream {
 }  // namespace
 
 void bind_plans(py::module_& m) {
+  // Live counters: raw integers (nanoseconds, bytes); npyfeed.stats turns them into the public dict.
+  py::class_<PipelineStats, std::shared_ptr<PipelineStats>>(m, "PipelineStats")
+      .def("counts",
+           [](const PipelineStats& s) {
+             const PipelineCounts c = s.counts();
+             py::dict d;
+             d["batches"] = c.batches;
+             d["samples"] = c.samples;
+             d["bytes"] = c.bytes;
+             d["wait_ns"] = c.wait_ns;
+             d["elapsed_ns"] = c.elapsed_ns;
+             d["gather_ns"] = c.gather_ns;
+             d["ready_batches"] = c.ready_batches;
+             d["read_ahead_sum"] = c.read_ahead_sum;
+             d["blocks_read"] = c.blocks_read;
+             d["block_bytes_read"] = c.block_bytes_read;
+             d["block_read_ns"] = c.block_read_ns;
+             d["block_waits"] = c.block_waits;
+             d["device_bytes"] = c.device_bytes;
+             return d;
+           })
+      .def("served", &PipelineStats::served, py::arg("samples"), py::arg("bytes"), py::arg("gather_ns"),
+           py::arg("ready_ahead"))
+      .def("uploaded", &PipelineStats::uploaded, py::arg("bytes"));
+
   py::class_<PyStream>(m, "BatchStream")
       .def("__next__", &PyStream::next)
       .def("close", &PyStream::close)
@@ -91,6 +118,7 @@ void bind_plans(py::module_& m) {
           "samples_by_key",
           [](const EpochPlan& p) { return std::const_pointer_cast<SamplesByKey>(p.samples_by_key()); })
       .def_property_readonly("streams_started", &EpochPlan::streams_started)
+      .def_property_readonly("stats", &EpochPlan::stats)
       .def_property_readonly(
           "shard_keys",
           [](const EpochPlan& p) -> py::object {

@@ -184,6 +184,7 @@ void bind_windows(py::module_& m) {
       .def_property_readonly("skipped", &WindowSource::skipped)
       .def_property_readonly("direct_fallbacks", &WindowSource::direct_fallbacks)
       .def_property_readonly("mapping_limit", &WindowSource::mapping_limit)
+      .def_property_readonly("stats", &WindowSource::stats)
       .def_property_readonly("x_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.x_shape())); })
       .def_property_readonly("y_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.y_shape())); })
       .def("describe", &WindowSource::describe)

@@ -2,6 +2,7 @@
 // the orders computed per position, BlockStream for shuffle="blocks").
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 
@@ -33,5 +34,17 @@ class EpochStream {
   /// Cancels and waits for all reads and gathers in flight. Idempotent.
   virtual void close() = 0;
 };
+
+/// Batches complete at the front of a stream's queue of pending gathers (consecutive from the first, whose
+/// `job` is the gather): the read-ahead a consumer finds when it asks for the next batch.
+template <class Queue>
+std::size_t ready_at_front(const Queue& pending) {
+  std::size_t ready = 0;
+  for (const auto& p : pending) {
+    if (!p.job->wait_for(std::chrono::milliseconds(0))) break;
+    ++ready;
+  }
+  return ready;
+}
 
 }  // namespace npyfeed

@@ -7,11 +7,13 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "npyfeed/aligned_buffer.hpp"
 #include "npyfeed/batch.hpp"
 #include "npyfeed/epoch_order.hpp"
+#include "npyfeed/pipeline_stats.hpp"
 #include "npyfeed/thread_pool.hpp"
 
 namespace npyfeed {
@@ -26,8 +28,9 @@ class BatchStream final : public EpochStream {
   using Batch = WindowBatch;
   /// Throws InvalidArgument for a batch_size of 0, IndexOutOfRange for an explicit id outside the source.
   /// A computed order must be over the source's samples (ids are made per batch, never all at once).
+  /// Batches taken are counted in `stats` (null: the source's).
   BatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size, bool drop_remainder,
-              std::size_t prefetch, std::size_t start_batch);
+              std::size_t prefetch, std::size_t start_batch, std::shared_ptr<PipelineStats> stats = nullptr);
   ~BatchStream() override;
   std::size_t num_batches() const noexcept override { return num_batches_; }
   /// The job for the next batch, starting it (and the read-ahead) if needed; null at the end.
@@ -51,6 +54,8 @@ class BatchStream final : public EpochStream {
   std::size_t next_start_;  // next batch number to start
   std::deque<Pending> pending_;
   std::shared_ptr<BufferPool> buffers_;
+  std::shared_ptr<PipelineStats> stats_;
+  std::optional<std::size_t> ready_when_asked_;  // for the next take(): ready_at_front() at its first next_job()
   std::mutex mutex_;
   bool closed_ = false;
 };

@@ -10,12 +10,14 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "npyfeed/aligned_buffer.hpp"
 #include "npyfeed/array_reader.hpp"
 #include "npyfeed/batch.hpp"
 #include "npyfeed/block_order.hpp"
+#include "npyfeed/pipeline_stats.hpp"
 #include "npyfeed/thread_pool.hpp"
 
 namespace npyfeed {
@@ -46,10 +48,11 @@ class BlockStream final : public EpochStream {
   using Batch = WindowBatch;
   /// The batches of `plan` (one shard's blocks of one epoch, planned by plan_blocks over `samples` and
   /// block_key_bytes(*source) with `memory_budget`), from batch `start_batch` on. Throws InvalidArgument for a
-  /// batch_size of 0.
+  /// batch_size of 0. Batches taken and blocks read are counted in `stats` (null: the source's).
   BlockStream(std::shared_ptr<WindowSource> source, std::shared_ptr<const SamplesByKey> samples,
               std::shared_ptr<const BlockPlan> plan, std::uint64_t memory_budget, std::size_t batch_size,
-              bool drop_remainder, std::size_t prefetch, std::size_t start_batch);
+              bool drop_remainder, std::size_t prefetch, std::size_t start_batch,
+              std::shared_ptr<PipelineStats> stats = nullptr);
   ~BlockStream() override;
   BlockStream(const BlockStream&) = delete;
   BlockStream& operator=(const BlockStream&) = delete;
@@ -89,7 +92,8 @@ class BlockStream final : public EpochStream {
   Block* held_block(std::size_t index);
   // The first unfinished read that the next batch needs, or null.
   std::shared_ptr<Job> pending_load();
-  void load_key(const KeyArrays& arrays, std::uint32_t key) const;
+  // Counts a wait for block read `load` in the stats, once per read.
+  void count_block_wait(const std::shared_ptr<Job>& load);
 
   std::shared_ptr<WindowSource> source_;
   std::shared_ptr<const SamplesByKey> samples_;
@@ -106,6 +110,9 @@ class BlockStream final : public EpochStream {
   std::deque<Pending> pending_;
   std::shared_ptr<Counters> counters_;
   std::shared_ptr<BufferPool> buffers_;
+  std::shared_ptr<PipelineStats> stats_;
+  std::optional<std::size_t> ready_when_asked_;  // for the next take(): ready_at_front() at its first next_job()
+  std::shared_ptr<Job> waited_load_;             // the last block read take() waited for (each counted once)
   std::mutex mutex_;
   bool closed_ = false;
 };

@@ -15,6 +15,7 @@
 #include "npyfeed/batch.hpp"
 #include "npyfeed/block_order.hpp"
 #include "npyfeed/epoch_order.hpp"
+#include "npyfeed/pipeline_stats.hpp"
 #include "npyfeed/stream_at_position.hpp"
 #include "npyfeed/window_source.hpp"
 
@@ -114,6 +115,8 @@ class EpochPlan {
   /// of its wait. Throws IndexOutOfRange unless batch < num_batches(); rethrows a failed read or gather; throws
   /// Cancelled when close() comes from another thread while it waits.
   WindowBatch take(std::uint64_t epoch, std::size_t batch, const WhileWaiting& while_waiting = {});
+  /// This plan's statistics: what take() and its streams served (also counted into the source's).
+  const std::shared_ptr<PipelineStats>& stats() const noexcept { return stats_; }
   /// Streams take() started so far (for tests).
   std::size_t streams_started() const { return at_position_->streams_started(); }
   /// Cancels take()'s read-ahead (and waits for it). Idempotent; take() afterwards starts a new stream.
@@ -134,6 +137,7 @@ class EpochPlan {
   std::shared_ptr<const SamplesByKey> samples_;                      // kBlocks, kKeys
   std::shared_ptr<const std::vector<std::uint32_t>> shard_samples_;  // kKeys: this shard's sample ids, ascending
   std::vector<std::uint64_t> key_bytes_;                             // kBlocks: block_key_bytes(source)
+  std::shared_ptr<PipelineStats> stats_;
   // kBlocks: the last epoch's block plan and the last blocks' shuffled samples, for ids().
   struct BlockOrder {
     std::uint64_t epoch;

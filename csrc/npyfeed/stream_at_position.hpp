@@ -14,6 +14,7 @@
 
 #include "npyfeed/batch.hpp"
 #include "npyfeed/errors.hpp"
+#include "npyfeed/pipeline_stats.hpp"
 #include "npyfeed/thread_pool.hpp"
 
 namespace npyfeed {
@@ -25,9 +26,11 @@ using WhileWaiting = std::function<void()>;
 /// Thread-safe: calls are served one at a time; close() from another thread cuts a waiting take() short.
 class StreamAtPosition {
  public:
-  /// `make(epoch, batch)` makes a stream of epoch `epoch` that starts at batch `batch`.
+  /// `make(epoch, batch)` makes a stream of epoch `epoch` that starts at batch `batch`. How long each take()
+  /// waited is counted in `stats` (when not null).
   using Make = std::function<std::unique_ptr<EpochStream>(std::uint64_t epoch, std::size_t batch)>;
-  StreamAtPosition(std::size_t num_batches, Make make) : num_batches_(num_batches), make_(std::move(make)) {}
+  StreamAtPosition(std::size_t num_batches, Make make, std::shared_ptr<PipelineStats> stats = nullptr)
+      : num_batches_(num_batches), make_(std::move(make)), stats_(std::move(stats)) {}
 
   /// Batch `batch` of epoch `epoch`. Throws IndexOutOfRange unless batch < num_batches; rethrows a failed
   /// read or gather (the next call starts a new stream at its position); throws Cancelled when close() comes
@@ -37,6 +40,7 @@ class StreamAtPosition {
       throw IndexOutOfRange("batch " + std::to_string(batch) + " out of range for " + std::to_string(num_batches_) +
                             " batches per epoch");
     }
+    const std::uint64_t asked = PipelineStats::now_ns();
     std::lock_guard lock(mutex_);
     if (!stream_ || epoch != epoch_ || batch != next_) {
       if (stream_) stream_->close();
@@ -54,6 +58,7 @@ class StreamAtPosition {
       stream_.reset();
       throw;
     }
+    if (stats_ && out.x) stats_->waited(asked, PipelineStats::now_ns());
     ++next_;
     if (next_ == num_batches_) stream_.reset();  // the epoch is over: let its memory go now
     return out;
@@ -91,6 +96,7 @@ class StreamAtPosition {
 
   std::size_t num_batches_;
   Make make_;
+  std::shared_ptr<PipelineStats> stats_;
   mutable std::mutex mutex_;
   std::unique_ptr<EpochStream> stream_;  // positioned at (epoch_, next_), or null
   std::uint64_t epoch_ = 0;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -35,6 +36,9 @@ class Job {
   std::size_t items_done() const noexcept { return items_done_.load(std::memory_order_relaxed); }
   /// Extra progress counter that work items may bump (bytes read).
   std::atomic<std::uint64_t>& progress() noexcept { return progress_; }
+  /// Nanoseconds the job's workers have spent on it so far, summed over workers (each runner reads the clock
+  /// once when it starts and once when it stops: nothing per item).
+  std::uint64_t busy_ns() const noexcept { return busy_ns_.load(std::memory_order_relaxed); }
   /// True in a child process forked after the job started: its workers do not exist there, so the job
   /// can never finish. Waiting on such a job throws instead of hanging.
   bool orphaned() const noexcept;
@@ -51,6 +55,7 @@ class Job {
   std::atomic<std::size_t> next_{0};
   std::atomic<std::size_t> items_done_{0};
   std::atomic<std::uint64_t> progress_{0};
+  std::atomic<std::uint64_t> busy_ns_{0};
   std::atomic<bool> cancelled_{false};
   std::mutex mutex_;
   std::condition_variable finished_;

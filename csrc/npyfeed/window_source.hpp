@@ -21,6 +21,7 @@
 #include "npyfeed/gather.hpp"
 #include "npyfeed/index.hpp"
 #include "npyfeed/npy_header.hpp"
+#include "npyfeed/pipeline_stats.hpp"
 #include "npyfeed/thread_pool.hpp"
 #include "npyfeed/transform.hpp"
 
@@ -104,6 +105,9 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   /// demand, least recently used unmapped first); 0 when every file has its own mapping.
   std::size_t mapping_limit() const noexcept { return mappings_ ? mappings_->capacity() : 0; }
 
+  /// The totals of every pipeline over this source (each plan counts its own and into these).
+  const std::shared_ptr<PipelineStats>& stats() const noexcept { return stats_; }
+
   /// Keys and their arrays (for BlockStream).
   std::size_t num_keys() const noexcept { return factors_.size(); }
   const ArraySource& factor_source(std::size_t key) const { return factors_.at(key); }
@@ -161,6 +165,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   mutable std::atomic<std::uint64_t> npz_memory_{0};  // bytes of .npz members held in memory
   bool reads_files_ = false;
   std::vector<std::uint8_t> in_archive_;  // per key: bit 0 factor, bit 1 label opened as a member of a .npz
+  std::shared_ptr<PipelineStats> stats_ = std::make_shared<PipelineStats>();
 };
 
 }  // namespace npyfeed

@@ -8,12 +8,14 @@
 namespace npyfeed {
 
 BatchStream::BatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size,
-                         bool drop_remainder, std::size_t prefetch, std::size_t start_batch)
+                         bool drop_remainder, std::size_t prefetch, std::size_t start_batch,
+                         std::shared_ptr<PipelineStats> stats)
     : source_(std::move(source)),
       order_(std::move(order)),
       batch_size_(batch_size),
       prefetch_(std::max<std::size_t>(prefetch, 1)),
-      buffers_(std::make_shared<BufferPool>(2 * (std::max<std::size_t>(prefetch, 1) + 2))) {
+      buffers_(std::make_shared<BufferPool>(2 * (std::max<std::size_t>(prefetch, 1) + 2))),
+      stats_(stats ? std::move(stats) : source_->stats()) {
   if (batch_size_ == 0) throw InvalidArgument("batch_size must be at least 1");
   if (const auto* ids = order_.explicit_ids()) source_->check_ids(*ids);
   num_batches_ = drop_remainder ? order_.size() / batch_size_ : (order_.size() + batch_size_ - 1) / batch_size_;
@@ -36,15 +38,20 @@ void BatchStream::fill() {
 std::shared_ptr<Job> BatchStream::next_job() {
   std::lock_guard lock(mutex_);
   fill();
+  if (!ready_when_asked_) ready_when_asked_ = ready_at_front(pending_);
   return pending_.empty() ? nullptr : pending_.front().job;
 }
 
 BatchStream::Batch BatchStream::take() {
   std::lock_guard lock(mutex_);
   if (closed_ || pending_.empty()) return {};  // closed meanwhile (by another thread)
+  const std::size_t ready = ready_when_asked_ ? *ready_when_asked_ : ready_at_front(pending_);
+  ready_when_asked_.reset();
   Pending p = std::move(pending_.front());
   pending_.pop_front();
   p.job->wait();
+  stats_->served(p.batch.count, p.batch.count * (source_->x_sample_bytes() + source_->y_sample_bytes()),
+                 p.job->busy_ns(), ready);
   fill();  // start the next read-ahead before handing this batch out
   return std::move(p.batch);
 }

@@ -62,7 +62,8 @@ std::shared_ptr<const SamplesByKey> group_samples_by_key(const WindowSource& sou
 
 BlockStream::BlockStream(std::shared_ptr<WindowSource> source, std::shared_ptr<const SamplesByKey> samples,
                          std::shared_ptr<const BlockPlan> plan, std::uint64_t memory_budget, std::size_t batch_size,
-                         bool drop_remainder, std::size_t prefetch, std::size_t start_batch)
+                         bool drop_remainder, std::size_t prefetch, std::size_t start_batch,
+                         std::shared_ptr<PipelineStats> stats)
     : source_(std::move(source)),
       samples_(std::move(samples)),
       plan_(std::move(plan)),
@@ -71,7 +72,8 @@ BlockStream::BlockStream(std::shared_ptr<WindowSource> source, std::shared_ptr<c
       batch_size_(batch_size),
       prefetch_(std::max<std::size_t>(prefetch, 1)),
       counters_(std::make_shared<Counters>()),
-      buffers_(std::make_shared<BufferPool>(2 * (std::max<std::size_t>(prefetch, 1) + 2))) {
+      buffers_(std::make_shared<BufferPool>(2 * (std::max<std::size_t>(prefetch, 1) + 2))),
+      stats_(stats ? std::move(stats) : source_->stats()) {
   if (batch_size_ == 0) throw InvalidArgument("batch_size must be at least 1");
   const std::uint64_t n = plan_->shard_size();
   num_batches_ = drop_remainder ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
@@ -129,21 +131,35 @@ void BlockStream::start_load(std::size_t index) {
   // it, and fill() drops only blocks whose reads have finished.
   KeyArrays* out = arrays.get();
   std::vector<std::int64_t>* order = samples.get();
+  // The stats count each key's reads as they finish, and the block once its last key's are done.
+  auto keys_left = std::make_shared<std::atomic<std::size_t>>(keys);
   auto job = shared_pool(0, source.options().placement)
                  .start(keys + 1, std::max<std::size_t>(source.options().threads, 4),
-                        [source_ptr, plan_ptr, by_key, out, order, index, keys, mode](std::size_t item) {
+                        [source_ptr, plan_ptr, by_key, out, order, index, keys, mode, stats = stats_,
+                         keys_left](std::size_t item) {
                           if (item == keys) {
                             *order = block_samples(*plan_ptr, *by_key, index);
                             return;
                           }
+                          const std::uint64_t started = PipelineStats::now_ns();
                           const std::uint32_t key = plan_ptr->keys[plan_ptr->key_begin[index] + item];
                           const WindowSource& src = *source_ptr;
                           const ArraySource& factor = src.factor_source(key);
                           const ArraySource& label = src.label_source(key);
-                          out->factors[key] =
-                              must_read(src, key, false) ? read_whole_file(factor, src.options(), mode) : factor;
-                          out->labels[key] =
-                              must_read(src, key, true) ? read_whole_file(label, src.options(), mode) : label;
+                          std::uint64_t bytes = 0;
+                          if (must_read(src, key, false)) {
+                            out->factors[key] = read_whole_file(factor, src.options(), mode);
+                            bytes += factor.header().nbytes;
+                          } else {
+                            out->factors[key] = factor;
+                          }
+                          if (must_read(src, key, true)) {
+                            out->labels[key] = read_whole_file(label, src.options(), mode);
+                            bytes += label.header().nbytes;
+                          } else {
+                            out->labels[key] = label;
+                          }
+                          stats->block_read(bytes, PipelineStats::now_ns() - started, keys_left->fetch_sub(1) == 1);
                         });
   blocks_.push_back({index, std::move(arrays), std::move(samples), std::move(job)});
 }
@@ -224,11 +240,21 @@ std::shared_ptr<Job> BlockStream::next_job() {
   std::lock_guard lock(mutex_);
   for (;;) {
     fill();
+    if (!ready_when_asked_) ready_when_asked_ = ready_at_front(pending_);
     if (!pending_.empty()) return pending_.front().job;
     if (closed_ || next_start_ >= num_batches_) return nullptr;
     // A read the next batch needs; none when it finished since fill() looked (then fill() starts the batch).
-    if (std::shared_ptr<Job> load = pending_load()) return load;
+    if (std::shared_ptr<Job> load = pending_load()) {
+      count_block_wait(load);
+      return load;
+    }
   }
+}
+
+void BlockStream::count_block_wait(const std::shared_ptr<Job>& load) {
+  if (load == waited_load_) return;
+  waited_load_ = load;
+  stats_->block_waited();
 }
 
 BlockStream::Batch BlockStream::take() {
@@ -236,14 +262,22 @@ BlockStream::Batch BlockStream::take() {
   for (;;) {
     if (closed_) return {};
     fill();
+    if (!ready_when_asked_) ready_when_asked_ = ready_at_front(pending_);
     if (!pending_.empty()) break;
     if (next_start_ >= num_batches_) return {};  // the end
     // A read the next batch needs; none when it finished since fill() looked (then fill() starts the batch).
-    if (std::shared_ptr<Job> load = pending_load()) load->wait();
+    if (std::shared_ptr<Job> load = pending_load()) {
+      count_block_wait(load);
+      load->wait();
+    }
   }
+  const std::size_t ready = *ready_when_asked_;
+  ready_when_asked_.reset();
   Pending p = std::move(pending_.front());
   pending_.pop_front();
   p.job->wait();
+  stats_->served(p.batch.count, p.batch.count * (source_->x_sample_bytes() + source_->y_sample_bytes()),
+                 p.job->busy_ns(), ready);
   p.arrays.reset();  // the last batch of a block lets the block's memory go here
   fill();            // start the next read-ahead before handing this batch out
   return std::move(p.batch);

@@ -91,7 +91,8 @@ EpochPlan::EpochPlan(std::shared_ptr<WindowSource> source, EpochSpec spec, std::
       spec_(spec),
       prefetch_(std::max<std::size_t>(prefetch, 1)),
       shard_size_(spec_.shard_size(source_->size())),
-      num_batches_(spec_.num_batches(shard_size_)) {
+      num_batches_(spec_.num_batches(shard_size_)),
+      stats_(std::make_shared<PipelineStats>(source_->stats())) {
   if (spec_.shuffle == Shuffle::kBlocks || spec_.shard_by == ShardBy::kKeys) {
     samples_ = samples ? std::move(samples) : group_samples_by_key(*source_);
     if (samples_->num_keys() != source_->num_keys()) {
@@ -107,8 +108,8 @@ EpochPlan::EpochPlan(std::shared_ptr<WindowSource> source, EpochSpec spec, std::
     shard_size_ = shard_samples_->size();
     num_batches_ = spec_.num_batches(shard_size_);
   }
-  at_position_.emplace(num_batches_,
-                       [this](std::uint64_t epoch, std::size_t batch) { return stream(epoch, batch, prefetch_); });
+  at_position_.emplace(
+      num_batches_, [this](std::uint64_t epoch, std::size_t batch) { return stream(epoch, batch, prefetch_); }, stats_);
 }
 
 EpochPlan::~EpochPlan() { close(); }
@@ -184,10 +185,10 @@ std::unique_ptr<EpochStream> EpochPlan::stream(std::uint64_t epoch, std::size_t 
                                                std::size_t prefetch) const {
   if (spec_.shuffle == Shuffle::kBlocks) {
     return std::make_unique<BlockStream>(source_, samples_, block_plan(epoch), spec_.memory_budget, spec_.batch_size,
-                                         spec_.drop_remainder, prefetch, start_batch);
+                                         spec_.drop_remainder, prefetch, start_batch, stats_);
   }
   return std::make_unique<BatchStream>(source_, computed_order(epoch), spec_.batch_size, spec_.drop_remainder, prefetch,
-                                       start_batch);
+                                       start_batch, stats_);
 }
 
 EpochOrder EpochPlan::computed_order(std::uint64_t epoch) const {

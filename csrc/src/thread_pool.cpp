@@ -25,6 +25,7 @@ void Job::throw_if_orphaned() const {
 }
 
 void Job::run_items() {
+  const auto started = std::chrono::steady_clock::now();
   while (!cancelled()) {
     std::size_t i = next_.fetch_add(1, std::memory_order_relaxed);
     if (i >= count_) break;
@@ -37,6 +38,9 @@ void Job::run_items() {
     }
     items_done_.fetch_add(1, std::memory_order_relaxed);
   }
+  // Counted before the job is seen finished, so a waiter that returned reads the whole figure.
+  const auto busy = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started);
+  busy_ns_.fetch_add(static_cast<std::uint64_t>(busy.count()), std::memory_order_relaxed);
   std::lock_guard lock(mutex_);
   if (--runners_left_ == 0) finished_.notify_all();
 }

@@ -74,6 +74,7 @@ class DeviceGather:
         self.x_row_shape, self.y_row_shape = tuple(src.x_shape[1:]), tuple(src.y_shape)
         self.x_elems = int(np.prod(self.x_row_shape, dtype=np.int64))
         self.y_elems = int(np.prod(self.y_row_shape, dtype=np.int64))
+        self.sample_bytes = (self.window * self.x_elems + self.y_elems) * self.out_dtype.size  # of a formed batch
         self.pad = src.bounds == "pad"
         self._src = src
         self._plan = plan
@@ -84,7 +85,7 @@ class DeviceGather:
         keys = plan._core.shard_keys
         keys = np.arange(len(src.keys)) if keys is None else np.asarray(keys, np.int64)
         needed = self._layout_bytes(keys)
-        batch_bytes = self.batch_size * (self.window * self.x_elems + self.y_elems) * self.out_dtype.size
+        batch_bytes = self.batch_size * self.sample_bytes
         if budget is None:
             free = device_free_bytes(device)
             if free is None:
@@ -147,7 +148,16 @@ class DeviceGather:
         ids = self._plan._core.ids(int(epoch), int(batch))
         out = self._start_rows(ids, self.factor_first, self.label_first, self.y_zero_row)
         self.host_bytes_per_step = sum(a.nbytes for a in out)
+        self._count_batches(ids)
         return out
+
+    def _count_upload(self, nbytes: int) -> None:
+        self.uploaded_bytes += nbytes
+        self._plan._stats_core().uploaded(nbytes)
+
+    def _count_batches(self, ids) -> None:
+        """The plan's statistics count the samples whose start rows the host half made (formed on the device)."""
+        self._plan._stats_core().served(len(ids), len(ids) * self.sample_bytes, 0, 0)
 
     def _start_rows(self, ids, factor_first, label_first, y_zero_row):
         keys, features, labels = self._src._core.sample_fields(ids)
@@ -178,7 +188,7 @@ class DeviceGather:
                 part = self._host_rows(chunk, label)
                 host[at:at + len(part)] = part
                 at, chunk, chunk_bytes = at + len(part), [], 0
-        self.uploaded_bytes += host.nbytes
+        self._count_upload(host.nbytes)
         with tf.device(device):
             # Not tf.constant: measured on the CPU device, it holds two copies of the array for good; identity
             # copies the host array (which TensorFlow wraps without a copy) once onto the device, then it goes.
@@ -241,7 +251,8 @@ class DeviceGather:
             labels = self._with_zero_row(joined_y[y_row])
             rows = (np.arange(n, dtype=np.int64) * self.window, np.zeros(n, np.int64),
                     np.full(n, self.window, np.int64), np.arange(n, dtype=np.int64))
-        self.uploaded_bytes += factors.nbytes + labels.nbytes
+        self._count_upload(factors.nbytes + labels.nbytes)
+        self._count_batches(ids)
         self.host_bytes_per_step = sum(a.nbytes for a in rows) // max(end_batch - first_batch, 1)
         return (factors, labels, *rows)
 

@@ -27,6 +27,7 @@ import threading
 import warnings
 
 from . import _checks
+from .stats import EpochStatsCallback
 
 try:
     import keras
@@ -40,7 +41,7 @@ if isinstance(keras.__version__, str) and (int(keras.__version__.split(".")[0]) 
     raise ImportError(f"npyfeed.keras needs Keras 3 (a PyDataset with on_epoch_begin; tested with 3.15); this environment has Keras {keras.__version__}: "
                       "pip install 'npyfeed[keras]', or use npyfeed.tf.dataset with tf.keras")
 
-__all__ = ["PyDataset"]
+__all__ = ["PyDataset", "StatsCallback"]
 
 
 class PyDataset(keras.utils.PyDataset):
@@ -113,6 +114,13 @@ class PyDataset(keras.utils.PyDataset):
         self._next_batch = 0
         self._warned = False
 
+    def stats(self) -> dict:
+        """Live statistics of this dataset's plan (`npyfeed.Plan.stats`)."""
+        return self._plan.stats()
+
+    def _stats_core(self):
+        return self._plan._stats_core()
+
     @property
     def plan(self):
         """The `Plan` the batches come from (``len(ds.plan) == len(ds)``)."""
@@ -176,3 +184,13 @@ class PyDataset(keras.utils.PyDataset):
 
     def __repr__(self) -> str:
         return f"npyfeed.keras.PyDataset(epoch {self._epoch}, {self._plan!r})"
+
+
+class StatsCallback(EpochStatsCallback, keras.callbacks.Callback):
+    """A Keras callback that reports, per epoch, whether training waited for input: the pipeline's live statistics
+    (`npyfeed.stats`) over the epoch, printed as one line, added to the logs (``npyfeed_wait_fraction``,
+    ``npyfeed_samples_per_second``) and kept in ``epochs`` (a stats dict per epoch).
+
+    ``model.fit(ds, callbacks=[npyfeed.keras.StatsCallback(ds)])`` with ``ds`` a `PyDataset` (or its
+    `WindowSource`, or a `npyfeed.Plan`); ``verbose=0`` prints nothing.
+    """

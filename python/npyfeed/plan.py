@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from . import _checks
+from . import stats as _stats
 
 __all__ = ["Plan", "BatchIterator", "DEFAULT_MEMORY_BUDGET"]
 
@@ -97,7 +98,17 @@ class Plan:
         prefetch = self.prefetch if prefetch is None else _checks.positive(prefetch, "prefetch")
         if self.shuffle is True:
             self._source._warn_larger_than_memory()
-        return BatchIterator(self._source, self._core.stream(epoch, start_batch, prefetch), total - start_batch)
+        return BatchIterator(self._source, self._core.stream(epoch, start_batch, prefetch), total - start_batch,
+                             self._core.stats)
+
+    def stats(self) -> dict:
+        """Live statistics of this plan: what `take` and its iterators served, how long the consumer waited for
+        it against how long the gathers worked, read-ahead, blocks read (a dict of `npyfeed.stats.FIELDS`;
+        also counted into `WindowSource.stats`)."""
+        return _stats.as_dict(self._core.stats.counts())
+
+    def _stats_core(self):
+        return self._core.stats
 
     def close(self) -> None:
         """Cancel `take`'s read-ahead and wait for its gathers (GIL released). Idempotent; `take` still works."""
@@ -114,10 +125,19 @@ class Plan:
 class BatchIterator(Iterator):
     """Iterator over ``(x, y)`` batches; ``close()`` (or leaving a ``with`` block) cancels the read-ahead."""
 
-    def __init__(self, source, stream, remaining: int):
+    def __init__(self, source, stream, remaining: int, stats):
         self._source = source
         self._stream = stream
         self._remaining = remaining
+        self._stats = stats  # the plan's
+
+    def stats(self) -> dict:
+        """Live statistics of the plan this iterator reads (`Plan.stats`): its batches and every other
+        iterator's or `take`'s of the same plan."""
+        return _stats.as_dict(self._stats.counts())
+
+    def _stats_core(self):
+        return self._stats
 
     def __iter__(self):
         return self

@@ -61,11 +61,13 @@ import weakref
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import summary_pb2
 from tensorflow.python.data.ops import dataset_ops
 
 from . import _checks, _core
+from . import stats as _stats
 
-__all__ = ["dataset"]
+__all__ = ["dataset", "StatsCallback"]
 
 log = logging.getLogger("npyfeed")
 
@@ -357,6 +359,9 @@ def _hold(ds, batches, feed, on_device=None):
     ds._npyfeed_batches = batches
     ds._npyfeed_feed = feed
     ds._npyfeed_device = on_device
+    # Live statistics of its plan (npyfeed.stats): on this dataset object, not on datasets derived from it.
+    ds._stats_core = lambda: batches.stats
+    ds.stats = lambda: _stats.as_dict(batches.stats.counts())
     return ds
 
 
@@ -570,3 +575,52 @@ def _stop_all_feeds() -> None:
 
 
 atexit.register(_stop_all_feeds)
+
+
+class StatsCallback(_stats.EpochStatsCallback, tf.keras.callbacks.Callback):
+    """A Keras callback (``tf.keras``: Keras 2 or 3) that reports, per epoch, whether training waited for input.
+
+    Over each epoch it reads the pipeline's live statistics (`npyfeed.stats`): prints one line (``verbose=1``)
+    such as ``input-bound: the consumer waited 63% of its time for batches (...)``, adds
+    ``npyfeed_wait_fraction`` and ``npyfeed_samples_per_second`` to the logs (so to the ``History``), keeps the
+    epoch's stats dict in ``epochs``, and with `log_dir` writes them as TensorBoard scalars (``tf.summary``,
+    ``npyfeed/<field>`` at step = epoch).
+
+    Parameters
+    ----------
+    source
+        A dataset returned by `dataset` (its plan), a `WindowSource` (all its pipelines) or a `Plan`.
+    log_dir : str, optional
+        A TensorBoard log folder (e.g. the ``TensorBoard`` callback's, or a folder of its own).
+    verbose : int
+        1 (default): one line per epoch; 0: silent.
+
+    Examples
+    --------
+    >>> ds = npyfeed.tf.dataset(src, 256, shuffle=True)                                      # doctest: +SKIP
+    >>> model.fit(ds, epochs=3, callbacks=[npyfeed.tf.StatsCallback(ds, log_dir="logs")])  # doctest: +SKIP
+    """
+
+    #: The fields written to TensorBoard.
+    SCALARS = ("wait_fraction", "samples_per_second", "wait_seconds", "gather_seconds", "read_ahead", "block_waits",
+               "block_bytes_read", "device_bytes")
+
+    def __init__(self, source, *, log_dir: str | None = None, verbose: int = 1):
+        super().__init__(source, verbose=verbose)
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self._writer = None
+
+    def _write(self, epoch: int, stats: dict) -> None:
+        if self.log_dir is None:
+            return
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        # tf.summary.write with the scalars plugin's metadata is what tf.summary.scalar writes; that one needs the
+        # TensorBoard package, which TensorFlow no longer installs.
+        metadata = summary_pb2.SummaryMetadata()
+        metadata.plugin_data.plugin_name = "scalars"
+        with self._writer.as_default():
+            for name in self.SCALARS:
+                tf.summary.write(f"npyfeed/{name}", tf.constant(float(stats[name]), tf.float32), step=epoch,
+                                 metadata=metadata.SerializeToString())
+        self._writer.flush()

@@ -92,6 +92,13 @@ class WindowDataset(IterableDataset):
         self._epoch = _checks.u64(epoch, "epoch")
         self._batch = 0
 
+    def stats(self) -> dict:
+        """Live statistics of this dataset's plan (`npyfeed.Plan.stats`)."""
+        return self._plan.stats()
+
+    def _stats_core(self):
+        return self._plan._stats_core()
+
     @property
     def plan(self):
         """The `Plan` the batches come from (``len(ds.plan) == len(ds)``)."""

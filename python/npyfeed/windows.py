@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from . import _checks, _core
+from . import stats as _stats
 from ._resources import MAX_HEADER_SIZE, available_memory, default_npz_memory_limit, resolve_placement, resolve_threads
 from ._resources import cache_dir as _default_cache_dir
 from ._transform import transform_spec
@@ -345,6 +346,16 @@ class WindowSource:
     # -- description ---------------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self._core)
+
+    def stats(self) -> dict:
+        """Live statistics of every pipeline over this source, added up (each plan's own: `Plan.stats`), as a dict
+        of `npyfeed.stats.FIELDS`: batches and samples served, the consumer's wait against the gathers' work,
+        read-ahead, blocks read, bytes uploaded to a device. Always counted; reading them costs microseconds.
+        `npyfeed.stats.summary` says in one line whether the consumers were input-bound."""
+        return _stats.as_dict(self._core.stats.counts())
+
+    def _stats_core(self):
+        return self._core.stats
 
     @property
     def direct_fallback(self) -> tuple:

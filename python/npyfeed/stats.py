@@ -1,0 +1,160 @@
+"""Live statistics of a pipeline: is the input the bottleneck?
+
+Every plan counts, always on, what its consumer took and how long it waited for it, how long the gathers worked,
+how far the read-ahead was, what ``shuffle="blocks"`` read and what ``gather="device"`` uploaded; each plan also
+counts into its source's totals. `WindowSource.stats`, `Plan.stats`, `BatchIterator.stats`, the ``stats()`` of a
+dataset made by `npyfeed.tf.dataset` and of the Keras and PyTorch adapters return them as a plain dict
+(`FIELDS`); `summary` says in one line whether the consumer was input-bound. `StatsLogger` is the framework-neutral
+half of the Keras callbacks (`npyfeed.tf.StatsCallback`, `npyfeed.keras.StatsCallback`), `EpochStatsCallback`
+their shared body.
+"""
+
+from __future__ import annotations
+
+__all__ = ["FIELDS", "INPUT_BOUND", "as_dict", "difference", "summary", "StatsLogger", "EpochStatsCallback"]
+
+#: The keys of a stats dict, with what each counts. Counts are since the plan (or source) was made.
+FIELDS = {
+    "batches": "batches handed to the consumer",
+    "samples": "their samples",
+    "bytes": "their bytes (x and y, in the output dtype)",
+    "samples_per_second": "samples / elapsed_seconds",
+    "elapsed_seconds": "from the consumer's first request to the last batch it received",
+    "wait_seconds": "time the consumer waited for batches (from asking to having)",
+    "wait_fraction": "wait_seconds / elapsed_seconds: the share of its time the consumer waited for input",
+    "gather_seconds": "worker time the gathers of those batches took, summed over the gather threads",
+    "ready_batches": "batches that were complete when the consumer asked for them",
+    "read_ahead": "complete batches waiting when the consumer asked, on average (0: it always waited)",
+    "blocks_read": 'shuffle="blocks": blocks whose files were all read',
+    "block_bytes_read": 'shuffle="blocks": bytes of the files read whole',
+    "block_read_seconds": 'shuffle="blocks": worker time those reads took',
+    "block_waits": 'shuffle="blocks": blocks whose read the consumer had to wait for',
+    "device_bytes": 'gather="device": bytes of arrays uploaded to the device',
+}
+
+#: `summary` calls a consumer input-bound when it waited at least this share of its time.
+INPUT_BOUND = 0.10
+
+_NS = 1e-9
+
+
+def difference(after: dict, before: dict) -> dict:
+    """Raw counters `after` less `before` (`counts` of the same stats at two moments): what happened between.
+    The elapsed time is the difference of the two elapsed times."""
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def as_dict(raw: dict) -> dict:
+    """The public stats dict (`FIELDS`, in that order) of raw counters."""
+    elapsed = raw["elapsed_ns"] * _NS
+    batches = raw["batches"]
+    out = {
+        "batches": batches,
+        "samples": raw["samples"],
+        "bytes": raw["bytes"],
+        "samples_per_second": raw["samples"] / elapsed if elapsed > 0 else 0.0,
+        "elapsed_seconds": elapsed,
+        "wait_seconds": raw["wait_ns"] * _NS,
+        "wait_fraction": min(raw["wait_ns"] * _NS / elapsed, 1.0) if elapsed > 0 else 0.0,
+        "gather_seconds": raw["gather_ns"] * _NS,
+        "ready_batches": raw["ready_batches"],
+        "read_ahead": raw["read_ahead_sum"] / batches if batches else 0.0,
+        "blocks_read": raw["blocks_read"],
+        "block_bytes_read": raw["block_bytes_read"],
+        "block_read_seconds": raw["block_read_ns"] * _NS,
+        "block_waits": raw["block_waits"],
+        "device_bytes": raw["device_bytes"],
+    }
+    assert list(out) == list(FIELDS)
+    return out
+
+
+def summary(stats: dict) -> str:
+    """One line: input-bound or not, with the figures that say so. `stats` is a stats dict (`as_dict`)."""
+    if not stats["batches"]:
+        return "no batches yet"
+    share = stats["wait_fraction"]
+    verdict = "input-bound" if share >= INPUT_BOUND else "not input-bound"
+    line = (f"{verdict}: the consumer waited {share:.0%} of its time for batches "
+            f"({stats['samples_per_second']:,.0f} samples/s; the gathers worked {stats['gather_seconds']:.2f} s, "
+            f"{stats['read_ahead']:.1f} batches ready ahead on average")
+    if stats["blocks_read"]:
+        line += f"; {stats['blocks_read']} blocks read, waited for {stats['block_waits']}"
+    return line + ")"
+
+
+class StatsLogger:
+    """Per-epoch statistics of a pipeline for a training loop: call `epoch_begin` and `epoch_end` around each
+    epoch; `epoch_end` returns the epoch's stats dict (counted between the two calls).
+
+    Parameters
+    ----------
+    stats : callable
+        Returns the raw counters now (e.g. ``src._core.stats.counts`` ; the callbacks take a source, a plan, a
+        dataset of `npyfeed.tf.dataset` or an adapter and find it).
+    """
+
+    def __init__(self, stats):
+        self._counts = stats
+        self._before = None
+
+    def epoch_begin(self) -> None:
+        self._before = self._counts()
+
+    def epoch_end(self) -> dict:
+        now = self._counts()
+        before = self._before if self._before is not None else {k: 0 for k in now}
+        self._before = now
+        return as_dict(difference(now, before))
+
+
+def raw_counts_of(obj):
+    """The function returning the raw counters of `obj`: a `WindowSource`, `Plan`, `BatchIterator`, a dataset of
+    `npyfeed.tf.dataset`, an adapter with a ``stats()`` method backed by a plan, or a core ``PipelineStats``."""
+    core = getattr(obj, "_stats_core", None)
+    if callable(core):
+        core = core()
+    elif core is None and hasattr(obj, "counts"):
+        core = obj
+    if core is None:
+        raise TypeError(f"cannot find npyfeed statistics in {type(obj).__name__}: pass a WindowSource, a Plan, a "
+                        f"dataset returned by npyfeed.tf.dataset or an npyfeed adapter")
+    return core.counts
+
+
+class EpochStatsCallback:
+    """The body of the Keras callbacks `npyfeed.tf.StatsCallback` and `npyfeed.keras.StatsCallback` (each mixes it
+    into its Keras' ``Callback``): per epoch, the pipeline's stats dict appended to `epochs`, its wait share and
+    rate added to Keras' logs (``npyfeed_wait_fraction``, ``npyfeed_samples_per_second``: in the ``History``),
+    and with `verbose` the `summary` line printed.
+
+    Parameters
+    ----------
+    source
+        What to watch: a `WindowSource` (all its pipelines), a `Plan`, a dataset returned by
+        `npyfeed.tf.dataset`, or an adapter (`npyfeed.keras.PyDataset`, `npyfeed.torch.WindowDataset`).
+    verbose : int
+        1: print one line per epoch; 0: silent.
+    """
+
+    def __init__(self, source, *, verbose: int = 1):
+        super().__init__()
+        self._logger = StatsLogger(raw_counts_of(source))
+        self.verbose = int(verbose)
+        self.epochs: list = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._logger.epoch_begin()
+
+    def on_epoch_end(self, epoch, logs=None):
+        stats = self._logger.epoch_end()
+        self.epochs.append(stats)
+        if logs is not None:
+            logs["npyfeed_wait_fraction"] = stats["wait_fraction"]
+            logs["npyfeed_samples_per_second"] = stats["samples_per_second"]
+        if self.verbose:
+            print(f"npyfeed, epoch {epoch + 1}: {summary(stats)}", flush=True)
+        self._write(int(epoch), stats)
+
+    def _write(self, epoch: int, stats: dict) -> None:
+        """Where a framework writes the epoch's figures elsewhere (TensorBoard): nothing here."""
