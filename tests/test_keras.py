@@ -120,6 +120,21 @@ def test_set_epoch_and_plain_iteration(src):
     assert "epoch 9" in repr(ds)
 
 
+def test_stats_and_the_stats_callback(src, capsys):
+    ds = nfk.PyDataset(src, 5, shuffle=True, seed=2)
+    callback = nfk.StatsCallback(ds)
+    for epoch in range(2):  # as fit calls them: the model's callbacks around the dataset's epoch
+        callback.on_epoch_begin(epoch)
+        got = _keras_epoch(ds)
+        logs = {}
+        callback.on_epoch_end(epoch, logs)
+        assert callback.epochs[epoch]["batches"] == len(ds) == 11
+        assert callback.epochs[epoch]["bytes"] == sum(x.nbytes + y.nbytes for x, y in got)
+        assert logs["npyfeed_wait_fraction"] == callback.epochs[epoch]["wait_fraction"]
+    assert ds.stats()["samples"] == 2 * 53 and ds.stats() == ds.plan.stats()
+    assert capsys.readouterr().out.count("npyfeed, epoch") == 2
+
+
 @pytest.mark.parametrize("shuffle", [False, True], ids=["in_order", "shuffled"])
 def test_batches_out_of_order_are_right_and_warn_once(src, shuffle):
     ds = nfk.PyDataset(src, 5, shuffle=shuffle, seed=2)
@@ -196,8 +211,11 @@ FIT = textwrap.dedent("""
         seen.clear()
 
     ds = npyfeed.keras.PyDataset(src, 8, **KW)
-    model().fit(ds, epochs=3, shuffle=False, verbose=0)
+    stats = npyfeed.keras.StatsCallback(ds, verbose=0)
+    model().fit(ds, epochs=3, shuffle=False, verbose=0, callbacks=[stats])
     check([0, 1, 2])
+    # Each epoch's batches (a backend may read a batch more around the first epoch: building the model).
+    assert [len(ds) <= e["batches"] <= len(ds) + 2 for e in stats.epochs] == [True] * 3, stats.epochs
     ds = npyfeed.keras.PyDataset(src, 8, epoch=2, **KW)     # a restart after 2 epochs: epoch=initial_epoch
     model().fit(ds, epochs=4, initial_epoch=2, shuffle=False, verbose=0)
     check([2, 3])

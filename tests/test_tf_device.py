@@ -231,6 +231,9 @@ def test_blocks_over_the_device_budget_stream_each_block_once_per_epoch(tf, boun
         assert data_bytes <= uploaded <= data_bytes + len(table) * 5 * 4 + straddler_bytes
     assert ds._npyfeed_batches.streams_started == 0  # the plan's host gather never ran
     assert on_device.host_bytes_per_step == 4 * 8 * BATCH  # per step, four int64 per sample
+    # The plan's statistics: what was uploaded, and the samples of both epochs' batches formed on the device.
+    assert ds.stats()["device_bytes"] == on_device.uploaded_bytes
+    assert ds.stats()["samples"] == 2 * len(src)
 
 
 def test_streamed_blocks_resume_from_a_checkpoint(tf, tmp_path):

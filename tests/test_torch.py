@@ -57,6 +57,7 @@ def test_each_pass_is_the_next_epoch_of_the_numpy_iterator(src, shuffle, world_s
     ds.set_epoch(7)
     _assert_same(list(ds), _expected(src, 7, **kwargs))
     assert ds.epoch == 8
+    assert ds.stats()["batches"] == 3 * len(ds) and ds.stats() == ds.plan.stats()
 
 
 @pytest.mark.parametrize("shuffle", KINDS, ids=KIND_IDS)
