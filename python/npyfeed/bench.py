@@ -1,0 +1,777 @@
+"""Where the time goes on this machine, for these files: ``npyfeed bench`` and `run`.
+
+On the user's own index, factor and label files, read-only, one run measures side by side: the users' ways (their
+``np.load`` dict sliced per sample; the advised ``np.load`` of both files per sample), npyfeed's numpy iterator in
+each read mode (warm, and cold where the page cache of those files can be dropped), ``shuffle="blocks"`` from a
+cold cache, ``npyfeed.tf.dataset`` (when TensorFlow is installed), and the physical limits of the machine (memory
+copy; the disk's sequential and random reads on those files). From these figures, `recommend` derives a mode, a
+thread count, an order and the samples/s to expect per process.
+
+What is measured on a large data set is a seeded sample of its keys (about `SAMPLE_BYTES` of files) and, per row,
+a bounded time; ``full=True`` takes every key and, for npyfeed's rows, a whole epoch. Nothing is written to the
+data's folders: the index is parsed in memory (no compiled-index cache), a sampled index goes to a temporary
+folder that is removed afterwards, and the files that were in the page cache before are read back into it at the
+end, so that a training job on the same node is not slowed by the cold measurements.
+
+This module imports only numpy and npyfeed; TensorFlow is imported by the ``npyfeed.tf.dataset`` row only, and
+matplotlib by `BenchReport.plot` only.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import _baselines, _checks, _core, _measure
+from ._layout import index_text, write_index
+from ._resources import available_memory, resolve_threads
+from .loading import _fspath, _native, read_header
+from .plan import DEFAULT_MEMORY_BUDGET
+from .windows import BOUNDS, WindowSource
+
+__all__ = ["run", "recommend", "BenchReport", "Row", "Limit", "Recommendation"]
+
+#: Bytes of files (factor and label) measured by default when a data set is larger: its keys are sampled.
+SAMPLE_BYTES = 1 << 30
+#: Fewest keys sampled (when the data set has them).
+MIN_SAMPLED_KEYS = 8
+#: Bytes of files the users' dict baseline loads (its rate per sample does not depend on the number of keys).
+DICT_BYTES = 256 << 20
+#: A cold measurement that finds more of its files in the page cache than this is not cold: it is skipped.
+MAX_COLD_RESIDENCY = 0.02
+#: Data that fits in this share of the memory available is read from the page cache (``mode="mmap"``).
+FIT_FRACTION = 0.8
+#: Seconds per row by default.
+DEFAULT_SECONDS = 2.0
+
+ITERATOR = 'npyfeed mode="mmap"'  # the row every other is compared with, in the same cache state
+DICT_ROW = "users' dict + per-sample slicing"
+NP_LOAD_ROW = "users' np.load per sample"
+BLOCKS_ROW = 'npyfeed shuffle="blocks"'
+TF_ROW = 'npyfeed.tf.dataset mode="mmap"'
+MODES = ("mmap", "read", "direct")
+#: The rows as printed: the users' ways, then npyfeed warm, then cold.
+ROW_ORDER = [(DICT_ROW, "warm"), (NP_LOAD_ROW, "warm"), (ITERATOR, "warm"), ('npyfeed mode="read"', "warm"),
+             (TF_ROW, "warm")] + [(f'npyfeed mode="{m}"', "cold") for m in MODES] + [(BLOCKS_ROW, "cold")]
+
+
+@dataclass
+class Row:
+    """One measurement: a way of reading batches in one cache state.
+
+    Attributes
+    ----------
+    name : str
+        The users' way or npyfeed's (``'npyfeed mode="mmap"'`` is the numpy iterator, ``src.batches``).
+    cache : {"warm", "cold"}
+        The sampled files in the page cache, or dropped from it just before.
+    samples_per_s : float or None
+        Samples per second after the first batch (None when skipped).
+    gbps : float or None
+        GB/s of batch data handed out (float32 windows and labels).
+    batches, seconds : int, float
+        What was timed (after the first batch).
+    first_batch_s : float or None
+        Seconds to the first batch (the source already open).
+    limit : str or None
+        The physical limit it is held against (a key of `BenchReport.limits`).
+    vs_iterator, vs_limit : float or None
+        ``samples_per_s`` over the numpy iterator's (``mode="mmap"``, same cache state) and over the limit's.
+    note : str
+        What was sampled or bounded.
+    skipped : str or None
+        Why the row was not measured.
+    """
+
+    name: str
+    cache: str
+    samples_per_s: float | None = None
+    gbps: float | None = None
+    batches: int = 0
+    seconds: float = 0.0
+    first_batch_s: float | None = None
+    limit: str | None = None
+    vs_iterator: float | None = None
+    vs_limit: float | None = None
+    note: str = ""
+    skipped: str | None = None
+
+
+@dataclass
+class Limit:
+    """A physical limit of this machine: GB/s, and the samples/s it allows for this data set's samples."""
+
+    name: str
+    gbps: float | None
+    samples_per_s: float | None
+    note: str = ""
+
+
+@dataclass
+class Recommendation:
+    """What to run, derived from the figures by `recommend`.
+
+    Attributes
+    ----------
+    mode : {"mmap", "direct"}
+        The ``WindowSource`` read mode.
+    shuffle : True or "blocks"
+        The order to train with.
+    threads : int
+        Gather threads per process.
+    processes : int
+        Training processes on the node the figures are for.
+    memory_budget : int or None
+        With ``shuffle="blocks"``: the budget per process, in bytes.
+    expected_samples_per_s : float or None
+        Samples/s to expect per process, the least of the bounds below.
+    limited_by : str
+        The bound that decides it: ``"gather threads"``, ``"memory copy"`` or ``"disk sequential read"``.
+    bounds : dict
+        Each bound, in samples/s per process.
+    reasons : list of str
+        Why, in words.
+    """
+
+    mode: str
+    shuffle: bool | str
+    threads: int
+    processes: int
+    memory_budget: int | None
+    expected_samples_per_s: float | None
+    limited_by: str
+    bounds: dict
+    reasons: list
+
+    def text(self) -> str:
+        """The recommendation as printed."""
+        shuffle = '"blocks"' if self.shuffle == "blocks" else "True"
+        budget = f", memory_budget={_bytes(self.memory_budget)}" if self.memory_budget else ""
+        per = "process" if self.processes == 1 else f"process, {self.processes} processes on this node"
+        lines = [f"recommendation: WindowSource(..., mode=\"{self.mode}\", threads={self.threads}), "
+                 f"shuffle={shuffle}{budget}"]
+        if self.expected_samples_per_s is not None:
+            lines.append(f"  expected: about {self.expected_samples_per_s:,.0f} samples/s per {per} "
+                         f"(limited by the {self.limited_by})")
+        lines += [f"  because {r}" if i == 0 else f"  {r}" for i, r in enumerate(self.reasons)]
+        return "\n".join(lines)
+
+
+@dataclass
+class BenchReport:
+    """What `run` measured: the rows, the physical limits, the data and the machine, and the recommendation.
+
+    Attributes
+    ----------
+    rows : list of Row
+    limits : dict of str -> Limit
+        ``"copy_1"`` and ``"copy"`` (memory copy with 1 and with the run's threads), ``"copy_node"`` (every CPU
+        of the node), ``"disk_seq"`` and ``"disk_random"`` (O_DIRECT reads of the sampled files; absent without
+        cold measurements or where O_DIRECT is refused).
+    data : dict
+        The data set (keys, samples, bytes, shapes), what was sampled, and the run's window, batch size and threads.
+    machine : dict
+        CPUs, memory, memory available (cgroup-aware), kernel, versions, load.
+    recommendation : Recommendation
+    processes : int
+    notes : list of str
+        Skipped rows and other caveats, in words.
+    seconds : float
+        Wall time of the whole run.
+    """
+
+    rows: list
+    limits: dict
+    data: dict
+    machine: dict
+    recommendation: Recommendation
+    processes: int
+    notes: list = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        """Everything, as JSON-ready built-in types."""
+        return {"data": dict(self.data), "machine": dict(self.machine), "processes": self.processes,
+                "limits": {k: asdict(v) for k, v in self.limits.items()}, "rows": [asdict(r) for r in self.rows],
+                "recommendation": asdict(self.recommendation), "notes": list(self.notes), "seconds": self.seconds}
+
+    def format_table(self) -> str:
+        """The report as printed by ``npyfeed bench``: data, machine, rows, limits, notes, recommendation."""
+        d, m = self.data, self.machine
+        sampled = (f"sampled {d['sampled_keys']:,} keys ({_bytes(d['sampled_bytes'])}, {d['sampled_samples']:,} "
+                   f"samples, seed {d['seed']})" if d["sampled"] else "every key")
+        out = [f"data: {d['keys']:,} keys, {d['samples']:,} samples, {_bytes(d['bytes'])} of files (factor "
+               f"{tuple(d['factor_shape'])} {d['dtype']}); W={d['window']}, B={d['batch_size']}, "
+               f"{d['threads']} threads; {sampled}; opened in {d['open_seconds']:.1f} s",
+               f"machine: {m['cpus']} CPUs, {_bytes(m['memory_bytes'])} memory, {_bytes(m['memory_available'])} "
+               f"available, load {m['load']}", ""]
+        rows = []
+        for r in self.rows:
+            if r.skipped:
+                rows.append([r.name, r.cache, "-", "-", "-", "-", "-", "-", "skipped: " + r.skipped])
+                continue
+            lim = self.limits.get(r.limit) if r.limit else None
+            rows.append([r.name, r.cache, f"{r.batches:,}", f"{r.samples_per_s:,.0f}", _fmt(r.gbps, ".2f"),
+                         _fmt(r.vs_iterator, ".2f", "x"), lim.name if lim else "-", _fmt(r.vs_limit, ".2f", "x"),
+                         r.note])
+        out.append(_measure.format_table(("row", "cache", "batches", "samples/s", "GB/s", "x iter", "limit",
+                                          "x limit", "note"), rows, align="llrrrrlrl"))
+        out.append("")
+        lims = [[v.name, _fmt(v.gbps, ".2f"), _fmt(v.samples_per_s, ",.0f"), v.note] for v in self.limits.values()]
+        out.append(_measure.format_table(("limit", "GB/s", "samples/s", "note"), lims, align="lrrl"))
+        if self.notes:
+            out += ["", "notes:"] + [f"  * {n}" for n in self.notes]
+        out += ["", self.recommendation.text(), "", f"measured in {self.seconds:.1f} s"]
+        return "\n".join(out)
+
+    def plot(self, path) -> None:
+        """Write the rows and limits as a bar chart, SVG or PNG by the suffix of `path` (needs matplotlib:
+        ``pip install 'npyfeed[bench]'``)."""
+        from ._bench_plot import plot
+
+        plot(self, _fspath(path))
+
+
+# ------------------------------------------------------------------------------------------- recommend
+
+
+def recommend(rows: Sequence, limits: Mapping, data: Mapping, machine: Mapping, processes: int) -> Recommendation:
+    """The recommendation that follows from a report's figures (``BenchReport.to_dict()``'s fields).
+
+    The data fits when its files take at most `FIT_FRACTION` of the memory available: then ``mode="mmap"`` and
+    ``shuffle=True`` (one copy in the page cache, shared by every process on the node), else ``shuffle="blocks"``
+    with ``mode="direct"`` (each file read once per epoch, in sequence, around the page cache). Samples/s per
+    process is the least of: the threads times the gather rate per thread measured (that order's row), the
+    node's memory copy over `processes`, and, for blocks, the disk's sequential read over `processes`. Threads
+    are as many as reach the other bounds, at most the node's CPUs over `processes`.
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        Each with ``name``, ``cache`` and ``samples_per_s`` (None when skipped).
+    limits : mapping of str -> mapping
+        Each with ``samples_per_s``: ``"copy_node"`` (or ``"copy"``), and ``"disk_seq"`` if measured.
+    data : mapping
+        ``bytes`` (every file of every key), ``samples``, ``threads`` (those the rows ran with).
+    machine : mapping
+        ``cpus``, ``memory_available`` (bytes, or None when unknown).
+    processes : int
+        Training processes on the node.
+
+    Returns
+    -------
+    Recommendation
+    """
+    rate = {(r["name"], r["cache"]): r["samples_per_s"] for r in rows if r.get("samples_per_s")}
+    lim = {k: v["samples_per_s"] for k, v in limits.items() if v.get("samples_per_s")}
+    avail, cpus = machine.get("memory_available"), max(1, int(machine["cpus"]))
+    fits = avail is None or data["bytes"] <= FIT_FRACTION * avail
+    reasons = []
+    where = "memory available unknown" if avail is None else f"{_bytes(avail)} of memory available"
+    if fits:
+        mode, shuffle, budget, row = "mmap", True, None, (ITERATOR, "warm")
+        reasons.append(f"the files ({_bytes(data['bytes'])}) fit in the page cache ({where}): one copy serves "
+                       f"every process with mode=\"mmap\"; run `npyfeed warm` on them once per node first")
+    else:
+        mode, shuffle, row = "direct", "blocks", (BLOCKS_ROW, "cold")
+        budget = int(min(DEFAULT_MEMORY_BUDGET, avail // (4 * processes)))
+        reasons.append(f"the files ({_bytes(data['bytes'])}) do not fit in the page cache ({where}): "
+                       f"shuffle=\"blocks\" reads each file once per epoch, in sequence, and mode=\"direct\" keeps "
+                       f"them out of the cache; memory_budget: at most a quarter of the memory available per process")
+        if row not in rate:
+            row = (ITERATOR, "warm")
+            reasons.append("no cold blocks figure: the gather rate per thread is the warm numpy iterator's")
+    bounds = {}
+    per_thread = rate[row] / max(1, int(data["threads"])) if row in rate else None
+    copy = lim.get("copy_node", lim.get("copy"))
+    if copy:
+        bounds["memory copy"] = copy / processes
+    if shuffle == "blocks" and lim.get("disk_seq"):
+        bounds["disk sequential read"] = lim["disk_seq"] / processes
+    elif shuffle == "blocks":
+        reasons.append("the disk was not measured (no cold measurements): its limit is left out")
+    most = max(1, cpus // processes)
+    if per_thread:
+        target = min(bounds.values()) if bounds else per_thread * most
+        threads = max(1, min(most, math.ceil(target / per_thread - 1e-9)))
+        bounds["gather threads"] = threads * per_thread
+        reasons.append(f"{threads} gather thread{'s' if threads > 1 else ''} at {per_thread:,.0f} samples/s each "
+                       f"(the {row[0]} {row[1]} row over {data['threads']} threads); {most} CPU"
+                       f"{'s' if most > 1 else ''} per process")
+    else:
+        threads = most
+    if "memory copy" in bounds:
+        reasons.append(f"the node copies {bounds['memory copy'] * processes:,.0f} samples/s of batches in all, "
+                       f"{bounds['memory copy']:,.0f} per process")
+    if "disk sequential read" in bounds:
+        reasons.append(f"the disk reads {bounds['disk sequential read'] * processes:,.0f} samples/s of files in "
+                       f"sequence, {bounds['disk sequential read']:,.0f} per process")
+    if avail is not None and processes * data["bytes"] > FIT_FRACTION * avail:
+        reasons.append(f"the users' dict (every file np.load-ed in each process) would take "
+                       f"{_bytes(processes * data['bytes'])} for {processes} process"
+                       f"{'es' if processes > 1 else ''}")
+    limited_by = min(bounds, key=bounds.get) if bounds else "gather threads"
+    expected = bounds[limited_by] if bounds else None
+    return Recommendation(mode=mode, shuffle=shuffle, threads=threads, processes=processes, memory_budget=budget,
+                          expected_samples_per_s=expected, limited_by=limited_by, bounds=bounds, reasons=reasons)
+
+
+# ------------------------------------------------------------------------------------------------- run
+
+
+def run(index_files, factor_dir, label_dir, *, window: int, batch_size: int, processes: int = 1,
+        threads: int | None = None, full: bool = False, seconds: float = DEFAULT_SECONDS, cold: bool = True,
+        tf: bool = True, progress: bool = True, seed: int = 0, bounds: str = "error",
+        sample_bytes: int = SAMPLE_BYTES) -> BenchReport:
+    """Measure the ways of reading these files on this machine, and recommend one.
+
+    Parameters
+    ----------
+    index_files : str, os.PathLike or sequence of them
+        As for `npyfeed.WindowSource`.
+    factor_dir, label_dir : str or os.PathLike
+        As for `npyfeed.WindowSource`.
+    window, batch_size : int
+        W and B, as in training.
+    processes : int
+        Training processes per node, for the recommendation.
+    threads : int, optional
+        Gather threads of npyfeed's rows and of the limits (default: as `npyfeed.WindowSource`).
+    full : bool
+        Every key, and a whole epoch per npyfeed row (the users' rows stay bounded by `seconds`). Default: a
+        seeded sample of keys of about `sample_bytes` when the data set is larger, and `seconds` per row.
+    seconds : float
+        Seconds per row (after its first batch).
+    cold : bool
+        Also measure from a cold page cache: drop the sampled files from it (``posix_fadvise``), checked with
+        ``mincore``; rows whose files stay cached are skipped with a note. ``False`` also skips the disk limits.
+    tf : bool
+        Measure ``npyfeed.tf.dataset`` when TensorFlow is installed.
+    progress : bool
+        A progress bar on stderr (tqdm; step lines without it).
+    seed : int
+        The key sample and the shuffled order.
+    bounds : {"error", "skip", "pad"}
+        As for `npyfeed.WindowSource`.
+    sample_bytes : int
+        Bytes of files to sample when not `full`.
+
+    Returns
+    -------
+    BenchReport
+
+    Raises
+    ------
+    FileNotFoundError, NotADirectoryError
+        A folder, index file or data file that is not there (named).
+    NpyFormatError, OSError
+        A data file that cannot be read or is not a valid ``.npy`` file (named).
+    ValueError, IndexError
+        An argument out of range; a malformed index line or a window outside its file (file and line named).
+    """
+    started = time.perf_counter()
+    window = _checks.positive(window, "window")
+    batch_size = _checks.positive(batch_size, "batch_size")
+    processes = _checks.positive(processes, "processes")
+    sample_bytes = _checks.positive(sample_bytes, "sample_bytes")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ValueError(f"seconds must be a positive number, got {seconds!r}")
+    if bounds not in BOUNDS:
+        raise ValueError(f"bounds must be one of {BOUNDS}, got {bounds!r}")
+    nthreads = resolve_threads(threads)
+    factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
+    for folder in (factor_dir, label_dir):
+        if not os.path.isdir(folder):
+            error = FileNotFoundError if not os.path.exists(folder) else NotADirectoryError
+            raise error(2 if error is FileNotFoundError else 20, "not a folder of .npy files", folder)
+    bench = _Bench(index_files, factor_dir, label_dir, window, batch_size, nthreads, full, float(seconds), cold, tf,
+                   progress, seed, bounds, sample_bytes)
+    try:
+        bench.measure()
+    finally:
+        bench.close()
+    report = bench.report(processes)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+class _Bench:
+    """One run: the sampled sources, the measurements in order, and what must be undone at the end."""
+
+    def __init__(self, index_files, factor_dir, label_dir, window, batch_size, threads, full, seconds, cold, tf,
+                 progress, seed, bounds, sample_bytes):
+        self.index_files, self.factor_dir, self.label_dir = index_files, factor_dir, label_dir
+        self.window, self.batch_size, self.threads, self.full, self.seconds = window, batch_size, threads, full, seconds
+        self.cold, self.tf, self.seed, self.bounds, self.sample_bytes = cold, tf, seed, bounds, sample_bytes
+        self.rows: list = []
+        self.limits: dict = {}
+        self.notes: list = []
+        self.tmp = None
+        self.resident_before: list = []
+        self.steps = _Steps(progress, 4 + (6 if cold else 0) + 4 + (1 if tf else 0))
+
+    # -- the data -----------------------------------------------------------------------------------
+    def open(self) -> None:
+        self.steps.next("opening the index and every file")
+        t0 = time.perf_counter()
+        src = WindowSource(self.index_files, self.factor_dir, self.label_dir, self.window, mode="read",
+                           threads=self.threads, cache=False, bounds=self.bounds)
+        open_seconds = time.perf_counter() - t0
+        n, keys = len(src), src.keys
+        if n == 0:
+            raise ValueError(f"the index has no samples: {self.index_files!r}")
+        files = src.files
+        sizes = np.array([os.stat(p).st_size for p in files], dtype=np.int64)
+        key_bytes = sizes[:len(keys)] + sizes[len(keys):]
+        self.steps.next("sampling keys")
+        chosen = self._choose(key_bytes)
+        fields = [], [], []
+        counts = np.zeros(len(keys), np.int64)
+        wanted = np.zeros(len(keys), bool)
+        wanted[chosen] = True
+        for start in range(0, n, 1 << 22):  # in pieces: 66M samples would be 1.6 GB of fields at once
+            k, f, l = src._core.sample_fields(np.arange(start, min(n, start + (1 << 22)), dtype=np.int64))
+            counts += np.bincount(k, minlength=len(keys))
+            if len(chosen) < len(keys):
+                mask = wanted[k]
+                for out, a in zip(fields, (k[mask], f[mask], l[mask])):
+                    out.append(a)
+        shape = tuple(src._key_shapes([0])[0][0])
+        dtype = read_header(files[0]).dtype if files[0].endswith(".npy") else np.dtype(np.float32)  # .npz: assumed
+        self.sampled = len(chosen) < len(keys)
+        if self.sampled:
+            self.tmp = tempfile.mkdtemp(prefix="npyfeed-bench-")
+            k, f, l = (np.concatenate(a) for a in fields)
+            names = [keys[i] for i in k.tolist()]
+            self.sub_index = [write_index(os.path.join(self.tmp, "sampled-index.txt"),
+                                          index_text(zip(f.tolist(), l.tolist(), names)))]
+        else:
+            self.sub_index = self.index_files
+        del src
+        self.data = {
+            "index_files": [str(p) for p in ([self.index_files] if isinstance(self.index_files, (str, os.PathLike))
+                                             else self.index_files)],
+            "factor_dir": self.factor_dir, "label_dir": self.label_dir, "keys": len(keys), "samples": n,
+            "bytes": int(sizes.sum()), "factor_shape": list(shape), "dtype": str(dtype),
+            "window": self.window, "batch_size": self.batch_size, "threads": self.threads, "seed": self.seed,
+            "sampled": self.sampled, "sampled_keys": len(chosen), "sampled_samples": int(counts[chosen].sum()),
+            "sampled_bytes": int(key_bytes[chosen].sum()), "open_seconds": open_seconds, "full": self.full,
+            "seconds_per_row": self.seconds}
+        self.row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+
+    def _choose(self, key_bytes: np.ndarray) -> np.ndarray:
+        """The sampled keys (sorted): every key with `full` or when they fit in `sample_bytes`, else a seeded
+        random set of keys whose files add up to about `sample_bytes`."""
+        if self.full or key_bytes.sum() <= self.sample_bytes:
+            return np.arange(len(key_bytes))
+        order = np.random.default_rng(self.seed).permutation(len(key_bytes))
+        take = int(np.searchsorted(np.cumsum(key_bytes[order]), self.sample_bytes)) + 1
+        return np.sort(order[:max(take, min(MIN_SAMPLED_KEYS, len(key_bytes)))])
+
+    def source(self, mode: str) -> WindowSource:
+        return WindowSource(self.sub_index, self.factor_dir, self.label_dir, self.window, mode=mode,
+                            threads=self.threads, cache=False, bounds=self.bounds)
+
+    # -- the measurements ----------------------------------------------------------------------------
+    def measure(self) -> None:
+        self.open()
+        src = self.source("read")
+        self.files = list(src.files)
+        self.out_bytes = 4 * (int(np.prod(src.x_shape)) + int(np.prod(src.y_shape) if src.y_shape else 1))
+        self.order = src.epoch_order(0, shuffle=True, seed=self.seed)
+        self.keys = src.keys
+        self.key_of = src._core.sample_fields  # key number, feature_index, label_index of sample ids
+        self.fields_src = src
+        native = [_native(p) for p in self.files]
+        sizes, _ = _core.warm_files(native, self.threads, False, None)
+        self.resident_before = [p for p, (size, before, _) in zip(self.files, sizes) if size and 2 * before >= size]
+        self.steps.next("memory copy")
+        self._copy_limits()
+        if self.cold:
+            self._cold_rows()
+        self._warm_rows()
+
+    def _copy_limits(self) -> None:
+        per = min(64 << 20, max(8 << 20, self.data["sampled_bytes"] // max(1, self.threads)))
+        node = _measure.machine_info()["cpus"]
+        one = _measure.memcpy_bandwidth(1, per, repeats=3)
+        many = one if self.threads == 1 else _measure.memcpy_bandwidth(self.threads, per, repeats=3)
+        self._limit("copy_1", "memory copy, 1 thread", one, self.out_bytes)
+        self._limit("copy", f"memory copy, {self.threads} threads", many, self.out_bytes)
+        if node != self.threads:  # the node's figure, which its processes share
+            every = one if node == 1 else _measure.memcpy_bandwidth(node, per, repeats=3)
+            self._limit("copy_node", f"memory copy, {node} threads (every CPU)", every, self.out_bytes)
+
+    def _limit(self, key: str, name: str, gbps, bytes_per_sample: float, note: str = "") -> None:
+        rate = None if gbps is None else gbps * _measure.GB / bytes_per_sample
+        self.limits[key] = Limit(name, gbps, rate, note)
+
+    def _drop(self) -> float:
+        """Drop the sampled files from the page cache; the fraction of their bytes still there."""
+        _measure.evict(self.files)
+        sizes, _ = _core.warm_files([_native(p) for p in self.files], self.threads, False, None)
+        total = sum(s for s, _, _ in sizes)
+        return sum(b for _, b, _ in sizes) / total if total else 0.0
+
+    def _cold_rows(self) -> None:
+        factor_files = self.files[:len(self.keys)]
+        self.steps.next("disk sequential read")
+        seq_files, total = [], 0
+        for p in factor_files:  # whole files, up to 512 MB of them
+            seq_files.append(p)
+            total += os.path.getsize(p)
+            if total >= 512 << 20:
+                break
+        seq = _measure.odirect_seq_bandwidth(seq_files, self.threads)
+        per_sample_file = self.data["bytes"] / self.data["samples"]
+        self._limit("disk_seq", "disk sequential read (O_DIRECT)", seq, per_sample_file,
+                    f"whole files, {self.threads} threads; {per_sample_file / 1e3:,.1f} kB of files per sample"
+                    if seq is not None else "O_DIRECT refused by this filesystem")
+        self.steps.next("disk random read")
+        block = self.window * self.row_bytes
+        rand = _measure.odirect_random_bandwidth(factor_files, 4 * self.threads, block=block, reads=1000, seed=self.seed)
+        self._limit("disk_random", f"disk random read, {_bytes(block)} (O_DIRECT)",
+                    None if rand is None else rand.gbps, block,
+                    f"one window per read, {4 * self.threads} in flight" if rand else
+                    "O_DIRECT refused by this filesystem")
+        if seq is None:
+            self.limits.pop("disk_seq")
+        if rand is None:
+            self.limits.pop("disk_random")
+        budget = int(min(DEFAULT_MEMORY_BUDGET, max(self.data["sampled_bytes"] // 4, 16 << 20)))
+        # A cold row reads at most half the sampled windows' bytes, so that it does not find its own reads cached.
+        most = max(2 * self.batch_size, int(sum(os.path.getsize(p) for p in factor_files) / (2 * block)))
+        for mode in MODES + ("blocks",):
+            name = BLOCKS_ROW if mode == "blocks" else f'npyfeed mode="{mode}"'
+            self.steps.next(f"{name}, cold")
+            resident = self._drop()
+            if resident > MAX_COLD_RESIDENCY and not (mode == "direct"):
+                self.rows.append(Row(name, "cold", skipped=f"{resident:.0%} of the files stayed in the page cache "
+                                                           f"after posix_fadvise(DONTNEED)"))
+                continue
+            if mode == "blocks":
+                src = self.source("direct")
+                row = self._iterate(name, "cold", src, shuffle="blocks", memory_budget=budget)
+                row.note = _join(row.note, f"mode=\"direct\", memory_budget={_bytes(budget)}")
+            else:
+                src = self.source(mode)
+                row = self._iterate(name, "cold", src, most=None if self.full else most)
+                if mode == "direct" and resident > MAX_COLD_RESIDENCY:
+                    row.note = _join(row.note, "O_DIRECT reads around the page cache, which could not be dropped")
+            if src.direct_fallback:
+                row.note = _join(row.note, "O_DIRECT refused by this filesystem: buffered reads")
+            del src
+            self.rows.append(row)
+        if any(r.skipped for r in self.rows):
+            self.notes.append("cold rows were skipped where the page cache of the sampled files could not be dropped "
+                              "(pages mapped by another process, or not yet written back)")
+
+    def _warm_rows(self) -> None:
+        self.steps.next("reading the sample into the page cache")
+        sizes, _ = _core.warm_files([_native(p) for p in self.files], max(8, self.threads), True, None)
+        total = sum(s for s, _, _ in sizes)
+        resident = sum(a for _, _, a in sizes) / total if total else 1.0
+        if resident < 0.98:
+            self.notes.append(f"only {resident:.0%} of the sampled files stayed in the page cache: the warm rows "
+                              f"read part of them from disk")
+        self.steps.next(DICT_ROW)
+        self.rows.append(self._dict_row())
+        self.steps.next(NP_LOAD_ROW)
+        self.rows.append(self._np_load_row())
+        for mode in ("mmap", "read"):
+            self.steps.next(f'npyfeed mode="{mode}", warm')
+            self.rows.append(self._iterate(f'npyfeed mode="{mode}"', "warm", self.source(mode)))
+        if self.tf:
+            self.steps.next("npyfeed.tf.dataset")
+            self.rows.append(self._tf_row())
+
+    # -- one row each ---------------------------------------------------------------------------------
+    def _iterate(self, name, cache, src, shuffle=True, memory_budget=None, most=None) -> Row:
+        kw = {"memory_budget": memory_budget} if memory_budget else {}
+        limit = None if self.full else self.seconds
+        with src.batches(self.batch_size, shuffle=shuffle, seed=self.seed, **kw) as it:
+            return self._time(name, cache, it, limit, most)
+
+    def _time(self, name, cache, batches, seconds, most, exhausted="a whole epoch") -> Row:
+        """Consume `batches` for `seconds` after the first batch (all of them with None), or up to `most` samples;
+        `exhausted` is the row's note when `batches` ends first."""
+        t0 = time.perf_counter()
+        first = start = end = None
+        n = samples = first_samples = 0
+        note = ""
+        for x, _ in batches:
+            end = time.perf_counter()
+            if first is None:
+                first, start, first_samples = end - t0, end, int(x.shape[0])
+            else:
+                n += 1
+                samples += int(x.shape[0])
+            if seconds is not None and end - start >= seconds:
+                break
+            if most is not None and first_samples + samples >= most:
+                note = "stopped at half the sampled files' bytes, so as not to find its own reads cached"
+                break
+        else:
+            note = exhausted
+        if first is None:
+            return Row(name, cache, skipped="no batch")
+        if n == 0:  # one batch in all: its rate, first batch included
+            n, samples, elapsed = 1, first_samples, first
+        else:
+            elapsed = end - start
+        return Row(name, cache, samples_per_s=samples / elapsed, batches=n, seconds=elapsed, first_batch_s=first,
+                   note=note)
+
+    def _fields(self, ids) -> tuple:
+        k, f, l = self.key_of(np.asarray(ids, dtype=np.int64))
+        return k, f, l
+
+    def _lines(self, ids) -> list:
+        k, f, l = self._fields(ids)
+        keys = self.keys
+        return [f"{a},{b},{keys[c]}".encode() for a, b, c in zip(f.tolist(), l.tolist(), k.tolist())]
+
+    def _python_batches(self, fn, lines):
+        """The users' per-sample function over `lines`, batched as their ``tf.data`` pipeline batches it."""
+        b = self.batch_size
+        for start in range(0, len(lines) - b + 1, b):
+            xs, ys = [], []
+            for line in lines[start:start + b]:
+                x, y = fn(line)
+                xs.append(x)
+                ys.append(y)
+            yield np.stack(xs), np.stack(ys)
+
+    def _dict_row(self) -> Row:
+        key_ids, _, _ = self._fields(self.order)
+        nkeys = len(self.keys)
+        sizes = [os.path.getsize(self.files[k]) + os.path.getsize(self.files[nkeys + k]) for k in range(nkeys)]
+        take = max(1, int(np.searchsorted(np.cumsum(sizes), DICT_BYTES, side="right")))
+        ids = self.order[key_ids < take][:1 << 18]
+        if len(ids) < 2 * self.batch_size:
+            take, ids = nkeys, self.order[:1 << 18]
+        t0 = time.perf_counter()
+        held = {"factor_dict": _baselines.load_factor_files({self.keys[k]: self.files[k] for k in range(take)}),
+                "label_dict": _baselines.load_factor_files({self.keys[k]: self.files[nkeys + k] for k in range(take)})}
+        load = time.perf_counter() - t0
+        lines = self._lines(ids)
+        row = self._time(DICT_ROW, "warm", self._python_batches(_baselines.dict_sample(held, self.window), lines),
+                         self.seconds, None, f"all {len(lines):,} samples it was given")
+        every = load * self.data["keys"] / take
+        row.note = _join(row.note, f"{take} keys np.load-ed in {load:.2f} s: {every:,.1f} s and {_bytes(self.data['bytes'])} per "
+                                   f"process for every key")
+        return row
+
+    def _np_load_row(self) -> Row:
+        dirs = dict.fromkeys(self.keys, self.factor_dir), dict.fromkeys(self.keys, self.label_dir)
+        fn = _baselines.np_load_sample(dirs[0], dirs[1], self.window)
+        lines = self._lines(self.order[:1 << 14])
+        return self._time(NP_LOAD_ROW, "warm", self._python_batches(fn, lines), self.seconds, None,
+                          f"all {len(lines):,} samples it was given")
+
+    def _tf_row(self) -> Row:
+        try:
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            import tensorflow  # noqa: F401
+
+            from . import tf as npyfeed_tf
+        except ImportError:
+            self.notes.append("TensorFlow is not installed (pip install 'npyfeed[tf]'): no tf.data row")
+            return Row(TF_ROW, "warm", skipped="TensorFlow is not installed")
+        src = self.source("mmap")
+        ds = npyfeed_tf.dataset(src, self.batch_size, shuffle=True, seed=self.seed)
+        row = self._time(TF_ROW, "warm", iter(ds), None if self.full else self.seconds, None)
+        row.note = _join(row.note, "a Python loop over eager tensors")
+        return row
+
+    # -- the end ----------------------------------------------------------------------------------------
+    def close(self) -> None:
+        self.fields_src = self.key_of = None
+        if self.resident_before:  # leave the page cache as we found it for the files that were in it
+            _core.warm_files([_native(p) for p in self.resident_before], max(8, self.threads), True, None)
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        self.steps.close()
+
+    def report(self, processes: int) -> BenchReport:
+        machine = _measure.machine_info()
+        machine["memory_available"] = available_memory()
+        try:
+            machine["load"] = f"{os.getloadavg()[0]:.1f}"
+        except OSError:
+            machine["load"] = "unknown"
+        self.rows.sort(key=lambda r: ROW_ORDER.index((r.name, r.cache)))
+        ref = {r.cache: r.samples_per_s for r in self.rows if r.name == ITERATOR and r.samples_per_s}
+        for r in self.rows:
+            if r.samples_per_s is None:
+                continue
+            r.gbps = r.samples_per_s * self.out_bytes / _measure.GB
+            r.vs_iterator = r.samples_per_s / ref[r.cache] if r.cache in ref else None
+            r.limit = self._row_limit(r)
+            lim = self.limits.get(r.limit)
+            r.vs_limit = r.samples_per_s / lim.samples_per_s if lim and lim.samples_per_s else None
+        if self.sampled:
+            self.notes.insert(0, f"{self.data['sampled_keys']:,} of {self.data['keys']:,} keys measured (seed "
+                                 f"{self.seed}); --full measures every key")
+        rec = recommend([asdict(r) for r in self.rows], {k: asdict(v) for k, v in self.limits.items()}, self.data,
+                        machine, processes)
+        return BenchReport(self.rows, self.limits, self.data, machine, rec, processes, self.notes)
+
+    def _row_limit(self, row: Row) -> str | None:
+        """The limit a row is held against: memory copy when warm, the disk's reads when cold (random for a
+        global shuffle, sequential for blocks), whichever of the two allows fewer samples/s."""
+        names = ["copy"]
+        if row.cache == "cold":
+            names.append("disk_seq" if row.name == BLOCKS_ROW else "disk_random")
+        found = [n for n in names if n in self.limits and self.limits[n].samples_per_s]
+        return min(found, key=lambda n: self.limits[n].samples_per_s) if found else None
+
+
+class _Steps:
+    """The progress bar (tqdm; steps done out of `total`), or one line per step on stderr without tqdm."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.bar, self.total, self.started = enabled, None, total, False
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:
+                return
+            self.bar = tqdm(total=total, desc="npyfeed bench", file=sys.stderr, leave=False,
+                            bar_format="{desc} {n_fmt}/{total_fmt} {bar} {elapsed}")
+
+    def next(self, what: str) -> None:
+        if self.bar is not None:
+            if self.started and self.bar.n < self.total:
+                self.bar.update(1)  # the step before is done
+            self.bar.set_description_str(f"npyfeed bench: {what}")
+        elif self.enabled:
+            print(f"npyfeed bench: {what} ...", file=sys.stderr, flush=True)
+        self.started = True
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _bytes(n) -> str:
+    if n is None:
+        return "unknown"
+    return f"{n / 1e9:,.2f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB"
+
+
+def _fmt(value, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _join(a: str, b: str) -> str:
+    return "; ".join(t for t in (a, b) if t)
