@@ -19,6 +19,7 @@ matplotlib by `BenchReport.plot` only.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
@@ -389,9 +390,10 @@ def run(index_files, factor_dir, label_dir, *, window: int, batch_size: int, pro
     nthreads = resolve_threads(threads)
     factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
     for folder in (factor_dir, label_dir):
+        if not os.path.exists(folder):
+            raise FileNotFoundError(errno.ENOENT, "no such folder", folder)
         if not os.path.isdir(folder):
-            error = FileNotFoundError if not os.path.exists(folder) else NotADirectoryError
-            raise error(2 if error is FileNotFoundError else 20, "not a folder of .npy files", folder)
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder", folder)
     bench = _Bench(index_files, factor_dir, label_dir, window, batch_size, nthreads, full, float(seconds), cold, tf,
                    progress, seed, bounds, sample_bytes)
     try:
@@ -533,7 +535,7 @@ class _Bench:
         seq = _measure.odirect_seq_bandwidth(seq_files, self.threads)
         per_sample_file = self.data["bytes"] / self.data["samples"]
         self._limit("disk_seq", "disk sequential read (O_DIRECT)", seq, per_sample_file,
-                    f"whole files, {self.threads} threads; {per_sample_file / 1e3:,.1f} kB of files per sample"
+                    f"whole files, {self.threads} threads; {_bytes(per_sample_file)} of files per sample"
                     if seq is not None else "O_DIRECT refused by this filesystem")
         self.steps.next("disk random read")
         block = self.window * self.row_bytes
@@ -766,7 +768,9 @@ class _Steps:
 def _bytes(n) -> str:
     if n is None:
         return "unknown"
-    return f"{n / 1e9:,.2f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB"
+    if n >= 1e8:
+        return f"{n / 1e9:,.2f} GB"
+    return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB" if n >= 1e3 else f"{n:,.0f} bytes"
 
 
 def _fmt(value, spec: str, suffix: str = "") -> str:
