@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import _baselines, _checks, _core, _measure
+from . import __version__, _baselines, _checks, _core, _measure
 from ._layout import index_text, write_index
 from ._resources import available_memory, resolve_threads
 from .loading import _fspath, _native, read_header
@@ -187,6 +187,8 @@ class BenchReport:
         Skipped rows and other caveats, in words.
     seconds : float
         Wall time of the whole run.
+    date : str
+        When it ended (UTC).
     """
 
     rows: list
@@ -197,12 +199,14 @@ class BenchReport:
     processes: int
     notes: list = field(default_factory=list)
     seconds: float = 0.0
+    date: str = ""
 
     def to_dict(self) -> dict:
         """Everything, as JSON-ready built-in types."""
         return {"data": dict(self.data), "machine": dict(self.machine), "processes": self.processes,
                 "limits": {k: asdict(v) for k, v in self.limits.items()}, "rows": [asdict(r) for r in self.rows],
-                "recommendation": asdict(self.recommendation), "notes": list(self.notes), "seconds": self.seconds}
+                "recommendation": asdict(self.recommendation), "notes": list(self.notes), "seconds": self.seconds,
+                "date": self.date}
 
     def format_table(self) -> str:
         """The report as printed by ``npyfeed bench``: data, machine, rows, limits, notes, recommendation."""
@@ -304,7 +308,7 @@ def recommend(rows: Sequence, limits: Mapping, data: Mapping, machine: Mapping, 
         target = min(bounds.values()) if bounds else per_thread * most
         threads = max(1, min(most, math.ceil(target / per_thread - 1e-9)))
         bounds["gather threads"] = threads * per_thread
-        reasons.append(f"{threads} gather thread{'s' if threads > 1 else ''} at {per_thread:,.0f} samples/s each "
+        reasons.append(f"{threads} gather thread{'s' if threads > 1 else ''} at {per_thread:,.0f} samples/s per thread "
                        f"(the {row[0]} {row[1]} row over {data['threads']} threads); {most} CPU"
                        f"{'s' if most > 1 else ''} per process")
     else:
@@ -502,14 +506,15 @@ class _Bench:
         self._warm_rows()
 
     def _copy_limits(self) -> None:
-        per = min(64 << 20, max(8 << 20, self.data["sampled_bytes"] // max(1, self.threads)))
         node = _measure.machine_info()["cpus"]
-        one = _measure.memcpy_bandwidth(1, per, repeats=3)
-        many = one if self.threads == 1 else _measure.memcpy_bandwidth(self.threads, per, repeats=3)
+        # 64 MB per thread (well past the CPU caches), at most 2 GB of buffers on a large node; best of 5.
+        per = max(8 << 20, min(64 << 20, (1 << 30) // max(node, self.threads)))
+        one = _measure.memcpy_bandwidth(1, per, repeats=5)
+        many = one if self.threads == 1 else _measure.memcpy_bandwidth(self.threads, per, repeats=5)
         self._limit("copy_1", "memory copy, 1 thread", one, self.out_bytes)
         self._limit("copy", f"memory copy, {self.threads} threads", many, self.out_bytes)
         if node != self.threads:  # the node's figure, which its processes share
-            every = one if node == 1 else _measure.memcpy_bandwidth(node, per, repeats=3)
+            every = one if node == 1 else _measure.memcpy_bandwidth(node, per, repeats=5)
             self._limit("copy_node", f"memory copy, {node} threads (every CPU)", every, self.out_bytes)
 
     def _limit(self, key: str, name: str, gbps, bytes_per_sample: float, note: str = "") -> None:
@@ -539,10 +544,13 @@ class _Bench:
                     if seq is not None else "O_DIRECT refused by this filesystem")
         self.steps.next("disk random read")
         block = self.window * self.row_bytes
-        rand = _measure.odirect_random_bandwidth(factor_files, 4 * self.threads, block=block, reads=1000, seed=self.seed)
+        # 4 reads in flight per thread (mode="direct"'s) and 16 (a cold batch's read-ahead hints): the best counts.
+        probes = [_measure.odirect_random_bandwidth(factor_files, depth * self.threads, block=block, reads=1000,
+                                                    seed=self.seed) for depth in (4, 16)]
+        rand = max((p for p in probes if p is not None), key=lambda p: p.gbps, default=None)
         self._limit("disk_random", f"disk random read, {_bytes(block)} (O_DIRECT)",
                     None if rand is None else rand.gbps, block,
-                    f"one window per read, {4 * self.threads} in flight" if rand else
+                    f"one window per read, best of 4 and 16 in flight per thread ({rand.threads})" if rand else
                     "O_DIRECT refused by this filesystem")
         if seq is None:
             self.limits.pop("disk_seq")
@@ -706,6 +714,7 @@ class _Bench:
     def report(self, processes: int) -> BenchReport:
         machine = _measure.machine_info()
         machine["memory_available"] = available_memory()
+        machine["npyfeed"] = __version__
         try:
             machine["load"] = f"{os.getloadavg()[0]:.1f}"
         except OSError:
@@ -725,7 +734,8 @@ class _Bench:
                                  f"{self.seed}); --full measures every key")
         rec = recommend([asdict(r) for r in self.rows], {k: asdict(v) for k, v in self.limits.items()}, self.data,
                         machine, processes)
-        return BenchReport(self.rows, self.limits, self.data, machine, rec, processes, self.notes)
+        return BenchReport(self.rows, self.limits, self.data, machine, rec, processes, self.notes,
+                           date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
 
     def _row_limit(self, row: Row) -> str | None:
         """The limit a row is held against: memory copy when warm, the disk's reads when cold (random for a
