@@ -67,6 +67,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import npyfeed  # noqa: E402
+from npyfeed import _baselines  # noqa: E402
 
 TABLE_HEADER = ("contender", "src", "cache", "batches", "samples/s", "median", "1st ms", "cpu us/smp", "x (a)",
                 "x (b)", "x (e)", "limit", "x limit", "setup")
@@ -123,8 +124,8 @@ class Data:
             self.log("  setup: np.load loop into dicts (cold cache) ...")
             common.evict(self.paths)
             t0 = time.perf_counter()
-            factors = {k: np.load(self.factor_path[k]) for k in self.key_names}
-            labels = {k: np.load(self.label_path[k]) for k in self.key_names}
+            factors = _baselines.load_factor_files({k: self.factor_path[k] for k in self.key_names})
+            labels = _baselines.load_factor_files({k: self.label_path[k] for k in self.key_names})
             self.setup["dict"] = time.perf_counter() - t0
             self._dicts = (factors, labels)
         return self._dicts
@@ -326,20 +327,7 @@ class UsersNpLoad(TFPipeline):
     def open(self, data, batches, log):
         fdir = {k: os.path.dirname(p) for k, p in data.factor_path.items()}
         ldir = {k: os.path.dirname(p) for k, p in data.label_path.items()}
-        window = data.window
-
-        def get_data_from_cache(string_message):  # the users' "advice" code, paths from their layout
-            feature_index, label_index, key = string_message.decode().split(',')
-            feature_index = int(feature_index)
-            label_index = int(label_index)
-            factor_arr = np.load(f"{fdir[key]}/{key}.npy")
-            label_arr = np.load(f"{ldir[key]}/{key}.npy")
-            slice_arr = factor_arr[feature_index - window + 1: feature_index + 1]
-            label_value = label_arr[label_index]
-            x_data = slice_arr.astype(np.float32)
-            y_data = label_value.astype(np.float32)
-            return x_data, y_data
-
+        get_data_from_cache = _baselines.np_load_sample(fdir, ldir, data.window)  # the users' "advice" code
         self.dataset = self.per_sample(data, data.ids(batches), get_data_from_cache)
         return self._run(batches)
 
@@ -355,14 +343,7 @@ class DictPerSample(TFPipeline):
     def open(self, data, batches, log):
         held = self.held
         held["factor_dict"], held["label_dict"] = data.dicts()
-        window = data.window
-
-        def get_data_from_cache(line):
-            feature_index, label_index, key = line.decode().split(",")
-            x = held["factor_dict"][key][int(feature_index) - window + 1: int(feature_index) + 1]
-            y = held["label_dict"][key][int(label_index)]
-            return x.astype(np.float32), y.astype(np.float32)
-
+        get_data_from_cache = _baselines.dict_sample(held, data.window)
         self.dataset = self.per_sample(data, data.ids(batches), get_data_from_cache)
         return self._run(batches)
 

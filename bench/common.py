@@ -7,7 +7,9 @@ Everything a benchmark needs besides the contenders themselves:
   generated once from a seeded RNG and reused while its parameters match;
 * page-cache control: eviction with ``posix_fadvise(DONTNEED)`` per file, warming, and a residency check;
 * the physical limits, measured in the same run: memory copy (1 and N threads, into recycled and into fresh
-  buffers) and the disk's O_DIRECT sequential and random read bandwidth, all without compiled code;
+  buffers) and the disk's O_DIRECT sequential and random read bandwidth, all without compiled code (eviction,
+  memory copy, the disk probes, the table printer and the machine facts live in ``npyfeed._measure``, which
+  ``npyfeed bench`` shares; they are re-exported here);
 * repeat timing (best and median), a plain-text table printer and JSON output.
 
 Units: GB = 1e9 bytes; bandwidths are bytes of array data per second.
@@ -22,11 +24,9 @@ import gc
 import json
 import mmap
 import os
-import platform
 import shutil
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,10 +35,21 @@ from typing import Callable
 
 import numpy as np
 from npyfeed._layout import index_text, write_index, write_key
+from npyfeed._measure import (  # noqa: F401 - re-exported for the benchmarks
+    DIRECT_ALIGN,
+    GB,
+    PAGE,
+    RandomReadResult,
+    _run_threads,  # also used by the fresh-copy and page-touch probes below
+    evict,
+    format_table,
+    fresh_buffer,
+    machine_info,
+    memcpy_bandwidth,
+    odirect_random_bandwidth,
+    odirect_seq_bandwidth,
+)
 
-GB = 1e9
-PAGE = mmap.PAGESIZE
-DIRECT_ALIGN = 4096  # O_DIRECT alignment used by the limit probes (what every Linux block device accepts)
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_DATA_DIR = BENCH_DIR / "data"  # gitignored
 
@@ -175,16 +186,6 @@ def make_dataset(parent: str | os.PathLike, spec: DataSpec, *, log: Callable[[st
 # ----------------------------------------------------------------------------------------- page cache
 
 
-def evict(paths: Iterable[str]) -> None:
-    """Drop `paths` from the page cache. Pages still mapped by a live mapping stay: release arrays first."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def warm(paths: Iterable[str], chunk: int = 8 << 20) -> None:
     """Read `paths` once so that they sit in the page cache."""
     buf = bytearray(chunk)
@@ -259,43 +260,6 @@ def fresh_pages_per_allocation() -> None:
 # --------------------------------------------------------------------------------------------- limits
 
 
-def _run_threads(threads: int, work: Callable[[int], None]) -> float:
-    """Run work(t) for t in range(threads) at once (released together by a barrier); wall seconds."""
-    barrier = threading.Barrier(threads + 1)
-    errors: list = []
-
-    def body(t: int) -> None:
-        barrier.wait()
-        try:
-            work(t)
-        except BaseException as e:  # re-raised in the caller
-            errors.append(e)
-
-    pool = [threading.Thread(target=body, args=(t,)) for t in range(threads)]
-    for th in pool:
-        th.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for th in pool:
-        th.join()
-    elapsed = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
-    return elapsed
-
-
-def memcpy_bandwidth(threads: int, nbytes_per_thread: int = 256 << 20, repeats: int = 5) -> float:
-    """GB/s of `threads` threads each copying its own pre-faulted buffer (np.copyto releases the GIL).
-
-    This is the ceiling for anything that fills an owned array from memory (page cache or RAM): read + write.
-    """
-    n = max(1, nbytes_per_thread // 8)
-    src = [np.ones(n, dtype=np.float64) for _ in range(threads)]
-    dst = [np.zeros(n, dtype=np.float64) for _ in range(threads)]  # written: its pages are faulted in now
-    best = min(_run_threads(threads, lambda t: np.copyto(dst[t], src[t])) for _ in range(repeats))
-    return threads * n * 8 / best / GB
-
-
 def aligned_float32(shape: tuple) -> np.ndarray:
     """Zeros of `shape`, float32, at a 64-byte-aligned address: what TensorFlow adopts without a copy when a
     ``numpy_function`` returns it (numpy's own large allocations sit at 16 mod 64)."""
@@ -303,15 +267,6 @@ def aligned_float32(shape: tuple) -> np.ndarray:
     raw = np.zeros(nbytes + 64, np.uint8)
     off = (-raw.ctypes.data) % 64
     return raw[off:off + nbytes].view(np.float32).reshape(shape)
-
-
-def fresh_buffer(nbytes: int) -> mmap.mmap:
-    """A new private anonymous mapping of `nbytes`, as malloc returns a multi-MB block: untouched pages.
-
-    No madvise: transparent huge pages only if the system's THP mode is "always" (numpy's own allocations,
-    by contrast, ask for huge pages from 4 MB up).
-    """
-    return mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 def fresh_copy_bandwidth(threads: int, buffer_bytes: int, count: int, repeats: int = 3) -> float:
@@ -364,118 +319,6 @@ def page_touch_bandwidth(paths: Sequence[str], threads: int) -> float:
 
     elapsed = _run_threads(threads, work)
     return sum(os.path.getsize(p) for p in paths) / elapsed / GB
-
-
-def _aligned_buffer(size: int) -> mmap.mmap:
-    """Anonymous mapping: page-aligned, as O_DIRECT wants."""
-    return mmap.mmap(-1, max(size, DIRECT_ALIGN))
-
-
-def _round_up(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
-def odirect_seq_bandwidth(paths: Sequence[str], threads: int, chunk: int = 64 << 20,
-                          fresh: bool = False) -> float | None:
-    """GB/s reading whole files with O_DIRECT (page cache bypassed), files shared among `threads` threads.
-
-    Each file is read front to back in requests of up to `chunk` bytes (a whole file per request for the
-    data set's files). Bytes counted are file bytes. With ``fresh=False`` each thread reuses one buffer: the
-    disk's own figure. With ``fresh=True`` every file goes to a new buffer (`fresh_buffer`, kept until the end):
-    the same plus the first-touch cost of the destination, what a loader returning owned arrays pays.
-    None if the filesystem refuses O_DIRECT.
-    """
-    sizes = [os.path.getsize(p) for p in paths]
-    total = sum(sizes)
-    lock = threading.Lock()
-    it = iter(range(len(paths)))
-    bufsize = min(chunk, _round_up(max(sizes, default=1), DIRECT_ALIGN))
-    bufs = [_aligned_buffer(bufsize) for _ in range(threads)]
-    kept: list = []
-
-    def work(t: int) -> None:
-        while True:
-            with lock:
-                i = next(it, None)
-            if i is None:
-                return
-            fd = os.open(paths[i], os.O_RDONLY | os.O_DIRECT)
-            try:
-                offset, size = 0, sizes[i]
-                if fresh:
-                    buf = fresh_buffer(_round_up(size, DIRECT_ALIGN))
-                    kept.append(buf)
-                    view, step = memoryview(buf), len(buf)
-                else:
-                    view, step = memoryview(bufs[t]), bufsize
-                while offset < size:
-                    want = min(step, _round_up(size - offset, DIRECT_ALIGN))
-                    got = os.preadv(fd, [view[offset:offset + want] if fresh else view[:want]], offset)
-                    if got <= 0:
-                        break
-                    offset += got
-            finally:
-                os.close(fd)
-
-    try:
-        evict(paths)
-        elapsed = _run_threads(threads, work)
-    except OSError as e:
-        if e.errno == 22:  # EINVAL: no O_DIRECT here (tmpfs, some FUSE)
-            return None
-        raise
-    finally:
-        for b in bufs + kept:
-            b.close()
-    return total / elapsed / GB
-
-
-@dataclass
-class RandomReadResult:
-    gbps: float
-    iops: float
-    block: int
-    reads: int
-    threads: int
-
-
-def odirect_random_bandwidth(paths: Sequence[str], threads: int, block: int = 100 * 1024, reads: int = 2000,
-                             seed: int = 0) -> RandomReadResult | None:
-    """O_DIRECT reads of `block` bytes (rounded up to 4 KiB) at seeded random aligned offsets of random files.
-
-    The disk's limit for a loader that reads windows instead of whole files. None if O_DIRECT is refused.
-    """
-    block = _round_up(block, DIRECT_ALIGN)
-    sizes = np.array([os.path.getsize(p) for p in paths])
-    usable = sizes // DIRECT_ALIGN * DIRECT_ALIGN - block
-    ok = np.flatnonzero(usable >= 0)
-    if len(ok) == 0:
-        return None
-    rng = np.random.default_rng(seed)
-    files = ok[rng.integers(0, len(ok), size=reads)]
-    offsets = (rng.random(reads) * (usable[files] // DIRECT_ALIGN + 1)).astype(np.int64) * DIRECT_ALIGN
-    fds: list = []
-    bufs = [_aligned_buffer(block) for _ in range(threads)]
-    try:
-        fds = [os.open(p, os.O_RDONLY | os.O_DIRECT) for p in paths]
-        evict(paths)
-
-        def work(t: int) -> None:
-            view = memoryview(bufs[t])
-            for r in range(t, reads, threads):
-                os.preadv(fds[files[r]], [view], int(offsets[r]))
-
-        elapsed = _run_threads(threads, work)
-    except OSError as e:
-        if e.errno == 22:
-            return None
-        raise
-    finally:
-        for fd in fds:
-            os.close(fd)
-        for b in bufs:
-            b.close()
-    return RandomReadResult(reads * block / elapsed / GB, reads / elapsed, block, reads, threads)
 
 
 # --------------------------------------------------------------------------------------------- timing
@@ -569,35 +412,8 @@ def load_average() -> str:
 # ---------------------------------------------------------------------------------------- output
 
 
-def format_table(header: Sequence[str], rows: Sequence[Sequence[object]], align: str | None = None) -> str:
-    """A plain-text table; `align` has one 'l' or 'r' per column (default: first left, rest right)."""
-    cells = [[str(c) for c in header]] + [["" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    align = align or "l" + "r" * (len(header) - 1)
-
-    def line(row: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, align)).rstrip()
-
-    out = [line(cells[0]), "  ".join("-" * w for w in widths)]
-    out += [line(r) for r in cells[1:]]
-    return "\n".join(out)
-
-
 def fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
-
-
-def machine_info() -> dict:
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = os.cpu_count() or 1
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        mem = None
-    return {"cpus": cpus, "memory_bytes": mem, "kernel": platform.release(), "python": platform.python_version(),
-            "numpy": np.__version__}
 
 
 def write_json(path: str | os.PathLike, payload: dict) -> None:

@@ -7,6 +7,10 @@ is bad (or none was found), 2 for a usage error, 130 when interrupted.
 ``npyfeed warm PATH...`` brings a data set into the page cache once per node (``npyfeed.warm``) and prints its
 residency per directory; ``--check`` only reports.
 
+``npyfeed bench INDEX... FACTOR_DIR LABEL_DIR --window W --batch-size B`` measures the ways of reading those files
+on this machine, side by side with its physical limits, and recommends one (``npyfeed.bench.run``). Exit status:
+0 done, 1 a file that cannot be read (named), 2 usage error.
+
 Subcommands live in functions ``_add_<name>_parser(sub)`` that register a subparser whose ``func(args)``
 returns the exit status. ``npyfeed demo`` comes from the optional module ``npyfeed.demo``.
 """
@@ -59,6 +63,7 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_scan_parser(sub)
     _add_warm_parser(sub)
+    _add_bench_parser(sub)
     _add_demo_parser(sub)
     return parser
 
@@ -145,6 +150,92 @@ def _warm(args) -> int:
         return 1
     print(report.table())
     return 0
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _add_bench_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="measure how fast these files can be read here, and recommend a mode, threads and order",
+        description="Measure, side by side on these files and read-only: the users' np.load dict and per-sample "
+                    "np.load, npyfeed's numpy iterator in each mode (warm, and cold where the page cache of the "
+                    "files can be dropped), shuffle='blocks', npyfeed.tf.dataset (with TensorFlow), and the "
+                    "machine's limits (memory copy; the disk's sequential and random reads). Then print a table "
+                    "and a recommendation. Large data sets are sampled (keys, and seconds per row); --full takes "
+                    "every key and a whole epoch per npyfeed row.",
+        epilog="Exit status: 0 done, 1 a file that cannot be read or is not valid (named), 2 usage error.")
+    p.add_argument("index", nargs="+", metavar="INDEX", help="index file(s) of feature_index,label_index,key lines")
+    p.add_argument("factor_dir", metavar="FACTOR_DIR", help="folder of <key>.npy factor files")
+    p.add_argument("label_dir", metavar="LABEL_DIR", help="folder of <key>.npy label files")
+    p.add_argument("--window", type=_positive_int, required=True, help="rows per sample, W")
+    p.add_argument("--batch-size", type=_positive_int, required=True, help="samples per batch, B")
+    p.add_argument("--processes", type=_positive_int, default=1,
+                   help="training processes per node, for the recommendation (default 1)")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="gather threads (default: NPYFEED_THREADS or the CPUs this process may use)")
+    p.add_argument("--full", action="store_true", help="every key, and a whole epoch per npyfeed row")
+    p.add_argument("--seconds", type=_positive_float, default=2.0, help="seconds per row (default 2)")
+    p.add_argument("--no-cold", action="store_true",
+                   help="leave the page cache alone: no cold rows, no disk limits")
+    p.add_argument("--no-tf", action="store_true", help="no npyfeed.tf.dataset row (TensorFlow is not imported)")
+    p.add_argument("--bounds", choices=("error", "skip", "pad"), default="error",
+                   help="windows outside their files: as WindowSource's bounds (default error)")
+    p.add_argument("--json", metavar="PATH", default=None, help="also write the report as JSON to PATH")
+    p.add_argument("--plot", metavar="PATH", default=None,
+                   help="also draw it to PATH, .svg or .png (needs matplotlib: pip install 'npyfeed[bench]')")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_bench)
+
+
+def _bench(args) -> int:
+    import json
+
+    from . import bench
+
+    if args.plot is not None:  # say so now, not after a minute of measurements
+        if os.path.splitext(args.plot)[1].lower() not in (".svg", ".png"):
+            print(f"npyfeed bench: --plot {args.plot}: the plot is written as .svg or .png", file=sys.stderr)
+            return 2
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("npyfeed bench: --plot needs matplotlib: pip install 'npyfeed[bench]'", file=sys.stderr)
+            return 1
+    try:
+        report = bench.run(args.index, args.factor_dir, args.label_dir, window=args.window,
+                           batch_size=args.batch_size, processes=args.processes, threads=args.threads,
+                           full=args.full, seconds=args.seconds, cold=not args.no_cold, tf=not args.no_tf,
+                           progress=not args.quiet and sys.stderr.isatty(), bounds=args.bounds)
+    except (OSError, ValueError, IndexError, KeyError) as e:
+        print(f"npyfeed bench: {_error_text(e)}", file=sys.stderr)
+        return 1
+    print(report.format_table())
+    try:
+        if args.json is not None:
+            with open(args.json, "w") as f:
+                json.dump(report.to_dict(), f, indent=1)
+                f.write("\n")
+        if args.plot is not None:
+            report.plot(args.plot)
+    except OSError as e:
+        print(f"npyfeed bench: {_error_text(e)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _error_text(error: BaseException) -> str:
+    """One message naming the file: an OSError's path after its reason, any other error's own text."""
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        return f"{display_path(error.filename)}: {error.strerror}"
+    return str(error)
 
 
 @dataclass

@@ -1,0 +1,417 @@
+"""Where the time goes on this machine, for these files: ``npyfeed bench`` and `run`.
+
+On the user's own index, factor and label files, read-only, one run measures side by side: the users' ways (their
+``np.load`` dict sliced per sample; the advised ``np.load`` of both files per sample), npyfeed's numpy iterator in
+each read mode (warm, and cold where the page cache of those files can be dropped), ``shuffle="blocks"`` from a
+cold cache, ``npyfeed.tf.dataset`` (when TensorFlow is installed), and the physical limits of the machine (memory
+copy; the disk's sequential and random reads on those files). From these figures, `recommend` derives a mode, a
+thread count, an order and the samples/s to expect per process.
+
+What is measured on a large data set is a seeded sample of its keys (about `SAMPLE_BYTES` of files) and, per row,
+a bounded time; ``full=True`` takes every key and, for npyfeed's rows, a whole epoch. Nothing is written to the
+data's folders: the index is parsed in memory (no compiled-index cache), a sampled index goes to a temporary
+folder that is removed afterwards, and the files that were in the page cache before are read back into it at the
+end, so that a training job on the same node is not slowed by the cold measurements.
+
+This module imports only numpy and npyfeed; TensorFlow is imported by the ``npyfeed.tf.dataset`` row only, and
+matplotlib by `BenchReport.plot` only.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from . import _checks, _measure
+from ._resources import resolve_threads
+from .loading import _fspath
+from .plan import DEFAULT_MEMORY_BUDGET
+from .windows import BOUNDS
+
+__all__ = ["run", "recommend", "BenchReport", "Row", "Limit", "Recommendation"]
+
+#: Bytes of files (factor and label) measured by default when a data set is larger: its keys are sampled.
+SAMPLE_BYTES = 1 << 30
+#: Fewest keys sampled (when the data set has them).
+MIN_SAMPLED_KEYS = 8
+#: Bytes of files the users' dict baseline loads (its rate per sample does not depend on the number of keys).
+DICT_BYTES = 256 << 20
+#: A cold measurement that finds more of its files in the page cache than this is not cold: it is skipped.
+MAX_COLD_RESIDENCY = 0.02
+#: Data that fits in this share of the memory available is read from the page cache (``mode="mmap"``).
+FIT_FRACTION = 0.8
+#: Seconds per row by default.
+DEFAULT_SECONDS = 2.0
+
+ITERATOR = 'npyfeed mode="mmap"'  # the row every other is compared with, in the same cache state
+DICT_ROW = "users' dict + per-sample slicing"
+NP_LOAD_ROW = "users' np.load per sample"
+BLOCKS_ROW = 'npyfeed shuffle="blocks"'
+TF_ROW = 'npyfeed.tf.dataset mode="mmap"'
+MODES = ("mmap", "read", "direct")
+#: The rows as printed: the users' ways, then npyfeed warm, then cold.
+ROW_ORDER = [(DICT_ROW, "warm"), (NP_LOAD_ROW, "warm"), (ITERATOR, "warm"), ('npyfeed mode="read"', "warm"),
+             (TF_ROW, "warm")] + [(f'npyfeed mode="{m}"', "cold") for m in MODES] + [(BLOCKS_ROW, "cold")]
+
+
+@dataclass
+class Row:
+    """One measurement: a way of reading batches in one cache state.
+
+    Attributes
+    ----------
+    name : str
+        The users' way or npyfeed's (``'npyfeed mode="mmap"'`` is the numpy iterator, ``src.batches``).
+    cache : {"warm", "cold"}
+        The sampled files in the page cache, or dropped from it just before.
+    samples_per_s : float or None
+        Samples per second after the first batch (None when skipped).
+    gbps : float or None
+        GB/s of batch data handed out (float32 windows and labels).
+    batches, seconds : int, float
+        What was timed (after the first batch).
+    first_batch_s : float or None
+        Seconds to the first batch (the source already open).
+    limit : str or None
+        The physical limit it is held against (a key of `BenchReport.limits`).
+    vs_iterator, vs_limit : float or None
+        ``samples_per_s`` over the numpy iterator's (``mode="mmap"``, same cache state) and over the limit's.
+    note : str
+        What was sampled or bounded.
+    skipped : str or None
+        Why the row was not measured.
+    """
+
+    name: str
+    cache: str
+    samples_per_s: float | None = None
+    gbps: float | None = None
+    batches: int = 0
+    seconds: float = 0.0
+    first_batch_s: float | None = None
+    limit: str | None = None
+    vs_iterator: float | None = None
+    vs_limit: float | None = None
+    note: str = ""
+    skipped: str | None = None
+
+
+@dataclass
+class Limit:
+    """A physical limit of this machine: GB/s, and the samples/s it allows for this data set's samples."""
+
+    name: str
+    gbps: float | None
+    samples_per_s: float | None
+    note: str = ""
+
+
+@dataclass
+class Recommendation:
+    """What to run, derived from the figures by `recommend`.
+
+    Attributes
+    ----------
+    mode : {"mmap", "direct"}
+        The ``WindowSource`` read mode.
+    shuffle : True or "blocks"
+        The order to train with.
+    threads : int
+        Gather threads per process.
+    processes : int
+        Training processes on the node the figures are for.
+    memory_budget : int or None
+        With ``shuffle="blocks"``: the budget per process, in bytes.
+    expected_samples_per_s : float or None
+        Samples/s to expect per process, the least of the bounds below.
+    limited_by : str
+        The bound that decides it: ``"gather threads"``, ``"memory copy"`` or ``"disk sequential read"``.
+    bounds : dict
+        Each bound, in samples/s per process.
+    reasons : list of str
+        Why, in words.
+    """
+
+    mode: str
+    shuffle: bool | str
+    threads: int
+    processes: int
+    memory_budget: int | None
+    expected_samples_per_s: float | None
+    limited_by: str
+    bounds: dict
+    reasons: list
+
+    def text(self) -> str:
+        """The recommendation as printed."""
+        shuffle = '"blocks"' if self.shuffle == "blocks" else "True"
+        budget = f", memory_budget={_bytes(self.memory_budget)}" if self.memory_budget else ""
+        per = "process" if self.processes == 1 else f"process, {self.processes} processes on this node"
+        lines = [f"recommendation: WindowSource(..., mode=\"{self.mode}\", threads={self.threads}), "
+                 f"shuffle={shuffle}{budget}"]
+        if self.expected_samples_per_s is not None:
+            lines.append(f"  expected: about {self.expected_samples_per_s:,.0f} samples/s per {per} "
+                         f"(limited by the {self.limited_by})")
+        lines += [f"  because {r}" if i == 0 else f"  {r}" for i, r in enumerate(self.reasons)]
+        return "\n".join(lines)
+
+
+@dataclass
+class BenchReport:
+    """What `run` measured: the rows, the physical limits, the data and the machine, and the recommendation.
+
+    Attributes
+    ----------
+    rows : list of Row
+    limits : dict of str -> Limit
+        ``"copy_1"`` and ``"copy"`` (memory copy with 1 and with the run's threads), ``"copy_node"`` (every CPU
+        of the node), ``"disk_seq"`` and ``"disk_random"`` (O_DIRECT reads of the sampled files; absent without
+        cold measurements or where O_DIRECT is refused).
+    data : dict
+        The data set (keys, samples, bytes, shapes), what was sampled, and the run's window, batch size and threads.
+    machine : dict
+        CPUs, memory, memory available (cgroup-aware), kernel, versions, load.
+    recommendation : Recommendation
+    processes : int
+    notes : list of str
+        Skipped rows and other caveats, in words.
+    seconds : float
+        Wall time of the whole run.
+    date : str
+        When it ended (UTC).
+    """
+
+    rows: list
+    limits: dict
+    data: dict
+    machine: dict
+    recommendation: Recommendation
+    processes: int
+    notes: list = field(default_factory=list)
+    seconds: float = 0.0
+    date: str = ""
+
+    def to_dict(self) -> dict:
+        """Everything, as JSON-ready built-in types."""
+        return {"data": dict(self.data), "machine": dict(self.machine), "processes": self.processes,
+                "limits": {k: asdict(v) for k, v in self.limits.items()}, "rows": [asdict(r) for r in self.rows],
+                "recommendation": asdict(self.recommendation), "notes": list(self.notes), "seconds": self.seconds,
+                "date": self.date}
+
+    def format_table(self) -> str:
+        """The report as printed by ``npyfeed bench``: data, machine, rows, limits, notes, recommendation."""
+        d, m = self.data, self.machine
+        sampled = (f"sampled {d['sampled_keys']:,} keys ({_bytes(d['sampled_bytes'])}, {d['sampled_samples']:,} "
+                   f"samples, seed {d['seed']})" if d["sampled"] else "every key")
+        out = [f"data: {d['keys']:,} keys, {d['samples']:,} samples, {_bytes(d['bytes'])} of files (factor "
+               f"{tuple(d['factor_shape'])} {d['dtype']}); W={d['window']}, B={d['batch_size']}, "
+               f"{d['threads']} threads; {sampled}; opened in {d['open_seconds']:.1f} s",
+               f"machine: {m['cpus']} CPUs, {_bytes(m['memory_bytes'])} memory, {_bytes(m['memory_available'])} "
+               f"available, load {m['load']}", ""]
+        rows = []
+        for r in self.rows:
+            if r.skipped:
+                rows.append([r.name, r.cache, "-", "-", "-", "-", "-", "-", "skipped: " + r.skipped])
+                continue
+            lim = self.limits.get(r.limit) if r.limit else None
+            rows.append([r.name, r.cache, f"{r.batches:,}", f"{r.samples_per_s:,.0f}", _fmt(r.gbps, ".2f"),
+                         _fmt(r.vs_iterator, ".2f", "x"), lim.name if lim else "-", _fmt(r.vs_limit, ".2f", "x"),
+                         r.note])
+        out.append(_measure.format_table(("row", "cache", "batches", "samples/s", "GB/s", "x iter", "limit",
+                                          "x limit", "note"), rows, align="llrrrrlrl"))
+        out.append("")
+        lims = [[v.name, _fmt(v.gbps, ".2f"), _fmt(v.samples_per_s, ",.0f"), v.note] for v in self.limits.values()]
+        out.append(_measure.format_table(("limit", "GB/s", "samples/s", "note"), lims, align="lrrl"))
+        if self.notes:
+            out += ["", "notes:"] + [f"  * {n}" for n in self.notes]
+        out += ["", self.recommendation.text(), "", f"measured in {self.seconds:.1f} s"]
+        return "\n".join(out)
+
+    def plot(self, path) -> None:
+        """Write the rows and limits as a bar chart, SVG or PNG by the suffix of `path` (needs matplotlib:
+        ``pip install 'npyfeed[bench]'``)."""
+        from ._bench_plot import plot
+
+        plot(self, _fspath(path))
+
+
+# ------------------------------------------------------------------------------------------- recommend
+
+
+def recommend(rows: Sequence, limits: Mapping, data: Mapping, machine: Mapping, processes: int) -> Recommendation:
+    """The recommendation that follows from a report's figures (``BenchReport.to_dict()``'s fields).
+
+    The data fits when its files take at most `FIT_FRACTION` of the memory available: then ``mode="mmap"`` and
+    ``shuffle=True`` (one copy in the page cache, shared by every process on the node), else ``shuffle="blocks"``
+    with ``mode="direct"`` (each file read once per epoch, in sequence, around the page cache). Samples/s per
+    process is the least of: the threads times the gather rate per thread measured (that order's row), the
+    node's memory copy over `processes`, and, for blocks, the disk's sequential read over `processes`. Threads
+    are as many as reach the other bounds, at most the node's CPUs over `processes`.
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        Each with ``name``, ``cache`` and ``samples_per_s`` (None when skipped).
+    limits : mapping of str -> mapping
+        Each with ``samples_per_s``: ``"copy_node"`` (or ``"copy"``), and ``"disk_seq"`` if measured.
+    data : mapping
+        ``bytes`` (every file of every key), ``samples``, ``threads`` (those the rows ran with).
+    machine : mapping
+        ``cpus``, ``memory_available`` (bytes, or None when unknown).
+    processes : int
+        Training processes on the node.
+
+    Returns
+    -------
+    Recommendation
+    """
+    rate = {(r["name"], r["cache"]): r["samples_per_s"] for r in rows if r.get("samples_per_s")}
+    lim = {k: v["samples_per_s"] for k, v in limits.items() if v.get("samples_per_s")}
+    avail, cpus = machine.get("memory_available"), max(1, int(machine["cpus"]))
+    fits = avail is None or data["bytes"] <= FIT_FRACTION * avail
+    reasons = []
+    where = "memory available unknown" if avail is None else f"{_bytes(avail)} of memory available"
+    if fits:
+        mode, shuffle, budget, row = "mmap", True, None, (ITERATOR, "warm")
+        reasons.append(f"the files ({_bytes(data['bytes'])}) fit in the page cache ({where}): one copy serves "
+                       f"every process with mode=\"mmap\"; run `npyfeed warm` on them once per node first")
+    else:
+        mode, shuffle, row = "direct", "blocks", (BLOCKS_ROW, "cold")
+        budget = int(min(DEFAULT_MEMORY_BUDGET, avail // (4 * processes)))
+        reasons.append(f"the files ({_bytes(data['bytes'])}) do not fit in the page cache ({where}): "
+                       f"shuffle=\"blocks\" reads each file once per epoch, in sequence, and mode=\"direct\" keeps "
+                       f"them out of the cache; memory_budget: at most a quarter of the memory available per process")
+        if row not in rate:
+            row = (ITERATOR, "warm")
+            reasons.append("no cold blocks figure: the gather rate per thread is the warm numpy iterator's")
+    bounds = {}
+    per_thread = rate[row] / max(1, int(data["threads"])) if row in rate else None
+    copy = lim.get("copy_node", lim.get("copy"))
+    if copy:
+        bounds["memory copy"] = copy / processes
+    if shuffle == "blocks" and lim.get("disk_seq"):
+        bounds["disk sequential read"] = lim["disk_seq"] / processes
+    elif shuffle == "blocks":
+        reasons.append("the disk was not measured (no cold measurements): its limit is left out")
+    most = max(1, cpus // processes)
+    if per_thread:
+        target = min(bounds.values()) if bounds else per_thread * most
+        threads = max(1, min(most, math.ceil(target / per_thread - 1e-9)))
+        bounds["gather threads"] = threads * per_thread
+        reasons.append(f"{threads} gather thread{'s' if threads > 1 else ''} at {per_thread:,.0f} samples/s per thread "
+                       f"(the {row[0]} {row[1]} row over {data['threads']} threads); {most} CPU"
+                       f"{'s' if most > 1 else ''} per process")
+    else:
+        threads = most
+    if "memory copy" in bounds:
+        reasons.append(f"the node copies {bounds['memory copy'] * processes:,.0f} samples/s of batches in all, "
+                       f"{bounds['memory copy']:,.0f} per process")
+    if "disk sequential read" in bounds:
+        reasons.append(f"the disk reads {bounds['disk sequential read'] * processes:,.0f} samples/s of files in "
+                       f"sequence, {bounds['disk sequential read']:,.0f} per process")
+    if avail is not None and processes * data["bytes"] > FIT_FRACTION * avail:
+        reasons.append(f"the users' dict (every file np.load-ed in each process) would take "
+                       f"{_bytes(processes * data['bytes'])} for {processes} process"
+                       f"{'es' if processes > 1 else ''}")
+    limited_by = min(bounds, key=bounds.get) if bounds else "gather threads"
+    expected = bounds[limited_by] if bounds else None
+    return Recommendation(mode=mode, shuffle=shuffle, threads=threads, processes=processes, memory_budget=budget,
+                          expected_samples_per_s=expected, limited_by=limited_by, bounds=bounds, reasons=reasons)
+
+
+# ------------------------------------------------------------------------------------------------- run
+
+
+def run(index_files, factor_dir, label_dir, *, window: int, batch_size: int, processes: int = 1,
+        threads: int | None = None, full: bool = False, seconds: float = DEFAULT_SECONDS, cold: bool = True,
+        tf: bool = True, progress: bool = True, seed: int = 0, bounds: str = "error",
+        sample_bytes: int = SAMPLE_BYTES) -> BenchReport:
+    """Measure the ways of reading these files on this machine, and recommend one.
+
+    Parameters
+    ----------
+    index_files : str, os.PathLike or sequence of them
+        As for `npyfeed.WindowSource`.
+    factor_dir, label_dir : str or os.PathLike
+        As for `npyfeed.WindowSource`.
+    window, batch_size : int
+        W and B, as in training.
+    processes : int
+        Training processes per node, for the recommendation.
+    threads : int, optional
+        Gather threads of npyfeed's rows and of the limits (default: as `npyfeed.WindowSource`).
+    full : bool
+        Every key, and a whole epoch per npyfeed row (the users' rows stay bounded by `seconds`). Default: a
+        seeded sample of keys of about `sample_bytes` when the data set is larger, and `seconds` per row.
+    seconds : float
+        Seconds per row (after its first batch).
+    cold : bool
+        Also measure from a cold page cache: drop the sampled files from it (``posix_fadvise``), checked with
+        ``mincore``; rows whose files stay cached are skipped with a note. ``False`` also skips the disk limits.
+    tf : bool
+        Measure ``npyfeed.tf.dataset`` when TensorFlow is installed.
+    progress : bool
+        A progress bar on stderr (tqdm; step lines without it).
+    seed : int
+        The key sample and the shuffled order.
+    bounds : {"error", "skip", "pad"}
+        As for `npyfeed.WindowSource`.
+    sample_bytes : int
+        Bytes of files to sample when not `full`.
+
+    Returns
+    -------
+    BenchReport
+
+    Raises
+    ------
+    FileNotFoundError, NotADirectoryError
+        A folder, index file or data file that is not there (named).
+    NpyFormatError, OSError
+        A data file that cannot be read or is not a valid ``.npy`` file (named).
+    ValueError, IndexError
+        An argument out of range; a malformed index line or a window outside its file (file and line named).
+    """
+    started = time.perf_counter()
+    window = _checks.positive(window, "window")
+    batch_size = _checks.positive(batch_size, "batch_size")
+    processes = _checks.positive(processes, "processes")
+    sample_bytes = _checks.positive(sample_bytes, "sample_bytes")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ValueError(f"seconds must be a positive number, got {seconds!r}")
+    if bounds not in BOUNDS:
+        raise ValueError(f"bounds must be one of {BOUNDS}, got {bounds!r}")
+    nthreads = resolve_threads(threads)
+    factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
+    for folder in (factor_dir, label_dir):
+        if not os.path.exists(folder):
+            raise FileNotFoundError(errno.ENOENT, "no such folder", folder)
+        if not os.path.isdir(folder):
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder", folder)
+    from ._bench_run import Bench
+
+    bench = Bench(index_files, factor_dir, label_dir, window, batch_size, nthreads, full, float(seconds), cold, tf,
+                  progress, seed, bounds, sample_bytes)
+    try:
+        bench.measure()
+    finally:
+        bench.close()
+    report = bench.report(processes)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _bytes(n) -> str:
+    if n is None:
+        return "unknown"
+    if n >= 1e8:
+        return f"{n / 1e9:,.2f} GB"
+    return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB" if n >= 1e3 else f"{n:,.0f} bytes"
+
+
+def _fmt(value, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"

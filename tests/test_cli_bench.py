@@ -1,0 +1,427 @@
+"""``npyfeed bench`` and ``npyfeed.bench.run``: the figures it prints and writes, the recommendation that follows
+from them, cold rows only where the page cache can be dropped, clear errors naming the file, and nothing written
+to the data's folders."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import npyfeed
+import numpy as np
+import pytest
+from npyfeed import _bench_run, _core, _layout, _measure, bench, cli
+
+KEYS, ROWS, COLS, LABELS, W, B = 10, 300, 8, 2, 20, 32
+HAVE_TF = importlib.util.find_spec("tensorflow") is not None
+HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
+
+
+def _save(path, array) -> None:
+    """np.save, then fsync: written-back pages are ones posix_fadvise can drop."""
+    with open(path, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def make_data(root: Path) -> tuple:
+    """KEYS keys of (ROWS, COLS) float32 factors and (ROWS, LABELS) labels; two index files (keys split between
+    them). Returns (index files, factor dir, label dir)."""
+    base = root / "S" / "train"
+    rng = np.random.default_rng(0)
+    entries = [], []
+    for k in range(KEYS):
+        key = f"k{k:03d}"
+        _layout.write_key(base, key, rng.standard_normal((ROWS, COLS), dtype=np.float32),
+                          rng.standard_normal((ROWS, LABELS), dtype=np.float32), save=_save)
+        entries[k % 2].extend((i, i, key) for i in range(W - 1, ROWS, 2))
+    index = [_layout.write_index(base / f"index{i}.txt", _layout.index_text(e), sync=True)
+             for i, e in enumerate(entries)]
+    return index, str(base / "factor"), str(base / "label")
+
+
+def snapshot(root: Path) -> dict:
+    """Every path under `root`: kind, size, mtime (ns) and sha256 of files."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        out[str(path.relative_to(root))] = (st.st_mode, st.st_size, st.st_mtime_ns, digest)
+    return out
+
+
+def residency(paths) -> float:
+    sizes, _ = _core.warm_files([str(p) for p in paths], 2, False, None)
+    return sum(b for _, b, _ in sizes) / sum(s for s, _, _ in sizes)
+
+
+def data_files(factor_dir, label_dir) -> list:
+    return sorted(str(p) for d in (factor_dir, label_dir) for p in Path(d).glob("*.npy"))
+
+
+def drop_works(paths) -> bool:
+    """Whether this filesystem lets posix_fadvise(DONTNEED) drop these files (tmpfs does not)."""
+    _measure.evict(paths)
+    dropped = residency(paths) <= bench.MAX_COLD_RESIDENCY
+    npyfeed.warm(paths, lock=False)
+    return dropped
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """One CLI run over the whole data set (cold rows, TensorFlow if installed, --json, --plot when matplotlib is):
+    the data root, its snapshot before, the exit status, stdout, the JSON and the files' residency around it."""
+    root = tmp_path_factory.mktemp("bench-data")
+    out = tmp_path_factory.mktemp("bench-out")
+    index, factor_dir, label_dir = make_data(root)
+    files = data_files(factor_dir, label_dir)
+    npyfeed.warm(files, lock=False)
+    before = snapshot(root)
+    argv = ["bench", *index, factor_dir, label_dir, "--window", str(W), "--batch-size", str(B), "--processes", "3",
+            "--seconds", "0.2", "--json", str(out / "report.json"), "--quiet"]
+    if HAVE_MPL:
+        argv += ["--plot", str(out / "report.svg")]
+    if not HAVE_TF:
+        argv.append("--no-tf")
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        status = cli.main(argv)
+    return {"root": root, "out": out, "before": before, "status": status, "stdout": stdout.getvalue(),
+            "stderr": stderr.getvalue(), "files": files, "drop_works": drop_works(files[:2]),
+            "report": json.loads((out / "report.json").read_text()) if status == 0 else None,
+            "resident_after": residency(files)}
+
+
+def test_the_run_succeeds_and_prints_a_table(ran):
+    assert ran["status"] == 0, ran["stderr"]
+    header = next(line for line in ran["stdout"].splitlines() if line.startswith("row "))
+    for column in ("samples/s", "GB/s", "x iter", "limit", "x limit"):
+        assert column in header
+    assert "recommendation: WindowSource(" in ran["stdout"]
+
+
+def test_the_json_holds_every_row_and_figure(ran):
+    rep = ran["report"]
+    d = rep["data"]
+    assert (d["keys"], d["window"], d["batch_size"], d["sampled"]) == (KEYS, W, B, False)
+    assert d["samples"] == KEYS * len(range(W - 1, ROWS, 2))
+    assert d["bytes"] == sum(os.path.getsize(p) for p in ran["files"])
+    assert d["factor_shape"] == [ROWS, COLS] and d["dtype"] == "float32"
+    rows = {(r["name"], r["cache"]): r for r in rep["rows"]}
+    warm = [bench.DICT_ROW, bench.NP_LOAD_ROW, bench.ITERATOR, 'npyfeed mode="read"']
+    warm += [bench.TF_ROW] if HAVE_TF else []
+    for name in warm:
+        r = rows[(name, "warm")]
+        assert r["skipped"] is None and r["samples_per_s"] > 0 and r["batches"] >= 1, r
+    out_bytes = 4 * (W * COLS + LABELS)
+    iterator = rows[(bench.ITERATOR, "warm")]["samples_per_s"]
+    copy = rep["limits"]["copy"]
+    assert copy["samples_per_s"] == pytest.approx(copy["gbps"] * 1e9 / out_bytes)
+    for r in rep["rows"]:
+        if r["skipped"]:
+            continue
+        assert r["gbps"] == pytest.approx(r["samples_per_s"] * out_bytes / 1e9)
+        if r["cache"] == "warm":
+            assert r["vs_iterator"] == pytest.approx(r["samples_per_s"] / iterator)
+            assert r["limit"] == "copy" and r["vs_limit"] == pytest.approx(r["samples_per_s"] / copy["samples_per_s"])
+    assert {"copy_1", "copy"} <= set(rep["limits"])
+    assert rep["machine"]["cpus"] >= 1 and rep["processes"] == 3
+
+
+def test_cold_rows_are_measured_where_the_cache_can_be_dropped(ran):
+    rows = {(r["name"], r["cache"]): r for r in ran["report"]["rows"]}
+    cold = [rows[(f'npyfeed mode="{m}"', "cold")] for m in bench.MODES] + [rows[(bench.BLOCKS_ROW, "cold")]]
+    if not ran["drop_works"]:
+        dropped = [r for r in cold if "direct" not in r["name"]]  # O_DIRECT is measured either way
+        assert all(r["skipped"] and "stayed in the page cache" in r["skipped"] for r in dropped)
+        return
+    assert all(r["skipped"] is None and r["samples_per_s"] > 0 for r in cold), cold
+    assert {"disk_seq", "disk_random"} <= set(ran["report"]["limits"])
+    by_limit = {r["name"]: r["limit"] for r in cold}
+    assert by_limit[bench.ITERATOR] in ("disk_random", "copy") and by_limit[bench.BLOCKS_ROW] in ("disk_seq", "copy")
+
+
+def test_the_printed_figures_are_the_json_figures(ran):
+    lines = ran["stdout"].splitlines()
+    for r in ran["report"]["rows"]:
+        line = next(ln for ln in lines if ln.startswith(f"{r['name']} ") and f" {r['cache']} " in ln)
+        if r["skipped"]:
+            assert "skipped: " + r["skipped"] in line
+        else:
+            assert f" {r['samples_per_s']:,.0f} " in line and f" {r['gbps']:.2f} " in line, line
+    for lim in ran["report"]["limits"].values():
+        line = next(ln for ln in lines if ln.startswith(lim["name"] + " "))
+        assert f"{lim['samples_per_s']:,.0f}" in line
+
+
+def test_the_recommendation_follows_from_the_figures(ran):
+    rep = ran["report"]
+    again = bench.recommend(rep["rows"], rep["limits"], rep["data"], rep["machine"], rep["processes"])
+    rec = rep["recommendation"]
+    assert vars(again) == {**rec, "bounds": again.bounds} and again.bounds == pytest.approx(rec["bounds"])
+    # and from the figures as printed, independently: the data fits, so mmap and a global shuffle; each process
+    # gets at most a third of the node's memory copy and as many threads as a third of the CPUs allows.
+    assert (rec["mode"], rec["shuffle"], rec["memory_budget"]) == ("mmap", True, None)
+    rows = {(r["name"], r["cache"]): r["samples_per_s"] for r in rep["rows"]}
+    limits = rep["limits"]
+    copy = limits.get("copy_node", limits["copy"])["samples_per_s"]
+    per_thread = rows[(bench.ITERATOR, "warm")] / rep["data"]["threads"]
+    most = max(1, rep["machine"]["cpus"] // 3)
+    assert 1 <= rec["threads"] <= most
+    assert rec["expected_samples_per_s"] == pytest.approx(min(copy / 3, rec["threads"] * per_thread))
+    assert rec["threads"] == min(most, max(1, -(-copy / 3 // per_thread)))
+    text = ran["stdout"].split("recommendation: ")[1]
+    assert f'mode="mmap", threads={rec["threads"]}), shuffle=True' in text
+    assert f"about {rec['expected_samples_per_s']:,.0f} samples/s per process" in text
+
+
+def figures(data_bytes, available, *, iterator=20000.0, blocks=15000.0, copy=100000.0, disk_seq=40000.0, cpus=16,
+            threads=4):
+    rows = [{"name": bench.ITERATOR, "cache": "warm", "samples_per_s": iterator},
+            {"name": bench.BLOCKS_ROW, "cache": "cold", "samples_per_s": blocks}]
+    limits = {"copy": {"samples_per_s": copy}, "disk_seq": {"samples_per_s": disk_seq}}
+    data = {"bytes": data_bytes, "samples": 10**6, "threads": threads}
+    return rows, limits, data, {"cpus": cpus, "memory_available": available}
+
+
+@pytest.mark.parametrize("processes, threads, expected, limited_by", [
+    (1, 16, 80000.0, "gather threads"),      # 16 CPUs of 5,000/s each, under the copy's 100k
+    (10, 1, 5000.0, "gather threads"),       # 1 CPU each (5,000/s), under the copy's 10k per process
+    (4, 4, 20000.0, "gather threads"),
+    (8, 2, 10000.0, "gather threads"),
+])
+def test_recommend_when_the_data_fits(processes, threads, expected, limited_by):
+    rec = bench.recommend(*figures(10e9, 20e9), processes)
+    assert (rec.mode, rec.shuffle, rec.threads, rec.limited_by) == ("mmap", True, threads, limited_by)
+    assert rec.expected_samples_per_s == pytest.approx(expected)
+
+
+def test_recommend_is_bound_by_the_memory_copy_shared_by_the_processes():
+    rec = bench.recommend(*figures(10e9, 20e9, copy=30000.0), 3)
+    assert rec.threads == 2 and rec.limited_by == "memory copy" and rec.expected_samples_per_s == pytest.approx(10000)
+
+
+def test_recommend_blocks_when_the_data_does_not_fit():
+    rec = bench.recommend(*figures(70e9, 24e9, cpus=32), 10)
+    assert (rec.mode, rec.shuffle) == ("direct", "blocks")
+    assert rec.memory_budget == int(24e9 // 40)  # a quarter of the memory available per process
+    # 10 processes share the disk's 40,000 samples/s of sequential reads: 4,000 each, more than one thread of the
+    # blocks row gives (15,000 / 4 threads), so two of the three CPUs each has
+    assert rec.bounds == pytest.approx({"memory copy": 10000, "disk sequential read": 4000, "gather threads": 7500})
+    assert rec.threads == 2 and rec.limited_by == "disk sequential read"
+    assert rec.expected_samples_per_s == pytest.approx(4000)
+    assert "do not fit" in rec.text() and 'shuffle="blocks"' in rec.text()
+
+
+def test_recommend_blocks_without_a_cold_figure_says_so():
+    rows, limits, data, machine = figures(70e9, 24e9)
+    rec = bench.recommend(rows[:1], {"copy": limits["copy"]}, data, machine, 1)
+    assert rec.shuffle == "blocks" and "disk sequential read" not in rec.bounds
+    assert any("no cold blocks figure" in r for r in rec.reasons)
+    assert any("disk was not measured" in r for r in rec.reasons)
+
+
+def test_nothing_in_the_data_folders_changes(ran):
+    assert snapshot(ran["root"]) == ran["before"]
+
+
+def test_the_files_stay_in_the_page_cache(ran):
+    assert ran["resident_after"] >= 0.99
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="matplotlib is not installed")
+def test_the_plot_is_an_svg(ran):
+    svg = (ran["out"] / "report.svg").read_text(encoding="utf-8")
+    assert svg.lstrip().startswith("<?xml") and "</svg>" in svg
+    assert "samples/s (log scale)" in svg and "users' np.load per sample (warm)" in svg
+
+
+@pytest.fixture
+def data(tmp_path):
+    index, factor_dir, label_dir = make_data(tmp_path / "data")
+    return {"root": tmp_path / "data", "index": index, "factor_dir": factor_dir, "label_dir": label_dir}
+
+
+def quick(data, **kw):
+    args = {"window": W, "batch_size": B, "seconds": 0.05, "tf": False, "progress": False, **kw}
+    return bench.run(data["index"], data["factor_dir"], data["label_dir"], **args)
+
+
+def test_cold_rows_are_skipped_when_the_cache_cannot_be_dropped(data, monkeypatch):
+    files = data_files(data["factor_dir"], data["label_dir"])
+    npyfeed.warm(files, lock=False)
+    monkeypatch.setattr(_measure, "evict", lambda paths: None)  # posix_fadvise that drops nothing
+    report = quick(data)
+    rows = {(r.name, r.cache): r for r in report.rows}
+    for name in ('npyfeed mode="mmap"', 'npyfeed mode="read"', bench.BLOCKS_ROW):
+        assert rows[(name, "cold")].samples_per_s is None
+        assert "stayed in the page cache after posix_fadvise(DONTNEED)" in rows[(name, "cold")].skipped
+    direct = rows[('npyfeed mode="direct"', "cold")]  # O_DIRECT goes around the cache: still measured, with a note
+    assert direct.samples_per_s and "could not be dropped" in direct.note
+    assert any("cold rows were skipped" in n for n in report.notes)
+    assert "skipped: 100% of the files stayed in the page cache" in report.format_table()
+    assert all(rows[(n, "warm")].samples_per_s for n in (bench.ITERATOR, bench.DICT_ROW))
+
+
+def test_no_cold_leaves_the_page_cache_alone(data, monkeypatch):
+    monkeypatch.setattr(_measure, "evict", lambda paths: pytest.fail("evicted with cold=False"))
+    report = quick(data, cold=False)
+    assert {r.cache for r in report.rows} == {"warm"}
+    assert not {"disk_seq", "disk_random"} & set(report.limits)
+
+
+def test_the_page_cache_is_restored_when_a_run_fails(data, monkeypatch):
+    files = data_files(data["factor_dir"], data["label_dir"])
+    if not drop_works(files):
+        pytest.skip("this filesystem keeps dropped pages (tmpfs)")
+
+    def fail(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_bench_run.Bench, "_warm_rows", fail)  # stopped after the cold rows
+    with pytest.raises(KeyboardInterrupt):
+        quick(data)
+    assert residency(files) >= 0.99
+
+
+def test_a_sample_of_keys_in_a_temporary_folder_removed_afterwards(data, monkeypatch, tmp_path):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    before = snapshot(data["root"])
+    per_key = sum(os.path.getsize(p) for p in data_files(data["factor_dir"], data["label_dir"])) / KEYS
+    report = quick(data, sample_bytes=int(2.5 * per_key), cold=False)
+    d = report.data
+    assert d["sampled"] and d["sampled_keys"] == bench.MIN_SAMPLED_KEYS < KEYS
+    assert d["sampled_samples"] == bench.MIN_SAMPLED_KEYS * len(range(W - 1, ROWS, 2))
+    assert "8 of 10 keys measured (seed 0)" in report.notes[0]
+    assert "sampled 8 keys" in report.format_table()
+    assert list(scratch.iterdir()) == []
+    assert snapshot(data["root"]) == before
+    again = quick(data, sample_bytes=int(2.5 * per_key), cold=False)
+    assert again.data["sampled_samples"] == d["sampled_samples"]  # seeded
+
+
+def test_without_tensorflow_the_tf_row_is_skipped_with_a_note(data, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorflow", None)  # import tensorflow raises ImportError
+    report = quick(data, cold=False, tf=True)
+    row = next(r for r in report.rows if r.name == bench.TF_ROW)
+    assert row.samples_per_s is None and row.skipped == "TensorFlow is not installed"
+    assert any("pip install 'npyfeed[tf]'" in n for n in report.notes)
+
+
+def test_the_plot_without_matplotlib_names_the_extra(data, monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    report = quick(data, cold=False)
+    with pytest.raises(ImportError, match=re.escape("pip install 'npyfeed[bench]'")):
+        report.plot(tmp_path / "x.svg")
+    status = cli.main(["bench", *data["index"], data["factor_dir"], data["label_dir"], "--window", str(W),
+                       "--batch-size", str(B), "--plot", str(tmp_path / "x.svg")])
+    assert status == 1 and "pip install 'npyfeed[bench]'" in capsys.readouterr().err
+    assert not (tmp_path / "x.svg").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--batch-size", "32"], "--window"),
+    (["--window", "0", "--batch-size", "32"], "expected a positive integer, got '0'"),
+    (["--window", "20", "--batch-size", "-1"], "expected a positive integer, got '-1'"),
+    (["--window", "20", "--batch-size", "32", "--seconds", "0"], "expected a positive number, got '0'"),
+    (["--window", "20", "--batch-size", "32", "--seconds", "soon"], "expected a positive number, got 'soon'"),
+    (["--window", "20", "--batch-size", "32", "--processes", "0"], "expected a positive integer, got '0'"),
+    (["--window", "20", "--batch-size", "32", "--plot", "out.pdf"], "written as .svg or .png"),
+    (["--window", "20", "--batch-size", "32", "--bounds", "clip"], "invalid choice: 'clip'"),
+])
+def test_bad_arguments_exit_2(data, extra, message, capsys):
+    status = cli.main(["bench", *data["index"], data["factor_dir"], data["label_dir"], *extra])
+    assert status == 2 and message in capsys.readouterr().err
+
+
+def test_too_few_paths_exit_2(data, capsys):
+    assert cli.main(["bench", data["index"][0], "--window", "20", "--batch-size", "32"]) == 2
+    assert "required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [{"window": 0}, {"batch_size": -1}, {"processes": 0}, {"seconds": 0},
+                                   {"seconds": float("nan")}, {"bounds": "clip"}])
+def test_bad_values_from_python_raise_value_error(data, value):
+    with pytest.raises(ValueError):
+        quick(data, **value)
+
+
+def break_missing_key(data) -> str:
+    path = Path(data["factor_dir"]) / "k003.npy"
+    path.unlink()
+    return str(path)
+
+
+def break_header(data) -> str:
+    path = Path(data["label_dir"]) / "k005.npy"
+    with open(path, "r+b") as f:
+        f.write(b"\x93NUMPX")
+    return str(path)
+
+
+def break_unreadable(data) -> str:
+    path = Path(data["factor_dir"]) / "k007.npy"  # a folder where a file should be: unreadable, even as root
+    path.unlink()
+    path.mkdir()
+    return str(path)
+
+
+def break_index(data) -> str:
+    with open(data["index"][1], "a") as f:
+        f.write("12,12\n")
+    return data["index"][1]
+
+
+def break_missing_index(data) -> str:
+    os.unlink(data["index"][0])
+    return data["index"][0]
+
+
+def break_folder(data) -> str:
+    os.rename(data["label_dir"], data["label_dir"] + "-gone")
+    return data["label_dir"]
+
+
+@pytest.mark.parametrize("damage, words", [
+    (break_missing_key, "No such file or directory"),
+    (break_header, "bad magic"),
+    (break_unreadable, "Is a directory"),
+    (break_index, "expected 'feature_index,label_index,key'"),
+    (break_missing_index, "No such file or directory"),
+    (break_folder, "no such folder"),
+], ids=["missing key file", "corrupt header", "unreadable file", "bad index line", "missing index", "missing folder"])
+def test_bad_data_exits_1_naming_the_file(data, damage, words, capsys, tmp_path):
+    named = damage(data)
+    before = snapshot(data["root"])
+    status = cli.main(["bench", *data["index"], data["factor_dir"], data["label_dir"], "--window", str(W),
+                       "--batch-size", str(B), "--seconds", "0.05", "--no-tf", "--json", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert status == 1 and err.startswith("npyfeed bench: ") and named in err and words in err, err
+    assert not (tmp_path / "r.json").exists()
+    assert snapshot(data["root"]) == before
+
+
+def test_a_window_outside_its_file_names_the_index_line(data, capsys):
+    status = cli.main(["bench", *data["index"], data["factor_dir"], data["label_dir"], "--window", str(ROWS + 1),
+                       "--batch-size", str(B), "--no-tf"])
+    err = capsys.readouterr().err
+    assert status == 1 and data["index"][0] in err, err
+
+
+def test_the_module_imports_neither_tensorflow_nor_matplotlib():
+    code = ("import sys, npyfeed.bench, npyfeed._bench_run, npyfeed.cli; "
+            "print(sorted(m for m in ('tensorflow', 'matplotlib', 'tqdm') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
