@@ -100,22 +100,6 @@ def child(cfg: dict) -> dict:
 # ----------------------------------------------------------------------------------------------- parent
 
 
-def link_dir(root: Path, ds) -> tuple:
-    """One factor and one label folder for all stocks (npyfeed takes one folder each): symlinks, made once."""
-    factor_dir, label_dir = root / "factor", root / "label"
-    for folder, paths in ((factor_dir, ds.factor_paths), (label_dir, ds.label_paths)):
-        folder.mkdir(parents=True, exist_ok=True)
-        for path in paths:
-            link = folder / os.path.basename(path)
-            target = os.path.abspath(path)
-            if os.path.islink(link) and os.readlink(link) == target:
-                continue
-            if os.path.lexists(link):
-                link.unlink()
-            os.symlink(target, link)
-    return str(factor_dir), str(label_dir)
-
-
 def median_ci(values: list, level: float = 0.95) -> tuple:
     """Distribution-free confidence interval of the median: order statistics from the binomial(n, 1/2) (the sign
     test). With fewer than 6 values no interval reaches 95%: (min, max) then."""
@@ -211,7 +195,7 @@ def main(argv=None) -> int:
     spec = common.DataSpec(files=args.files, rows=args.rows, cols=args.cols, dtype=args.dtype,
                            label_cols=args.labels, window=max(args.window, 100))
     ds = common.make_dataset(args.dir, spec)
-    factor_dir, label_dir = link_dir(Path(args.dir) / "stats-overhead-links" / spec.name, ds)
+    factor_dir, label_dir = common.link_dir(Path(args.dir) / "stats-overhead-links" / spec.name, ds)
     data_paths = ds.factor_paths + ds.label_paths
     base = {"index_paths": ds.index_paths, "factor_dir": factor_dir, "label_dir": label_dir, "window": args.window,
             "threads": args.threads, "batch": args.batch, "warmup": args.warmup, "batches": args.batches,

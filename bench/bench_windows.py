@@ -160,22 +160,6 @@ class Data:
         self._stacked = None
 
 
-def _link_dir(root: Path, ds: common.DataSet) -> tuple:
-    """One factor and one label folder for all stocks (npyfeed takes one folder each): symlinks, made once."""
-    factor_dir, label_dir = root / "factor", root / "label"
-    for folder, paths in ((factor_dir, ds.factor_paths), (label_dir, ds.label_paths)):
-        folder.mkdir(parents=True, exist_ok=True)
-        for path in paths:
-            link = folder / os.path.basename(path)
-            target = os.path.abspath(path)
-            if os.path.islink(link) and os.readlink(link) == target:
-                continue
-            if os.path.lexists(link):
-                link.unlink()
-            os.symlink(target, link)
-    return str(factor_dir), str(label_dir)
-
-
 def _parse_index(paths: list) -> tuple:
     """feature_index, label_index, key per line, in file then line order (npyfeed's sample order)."""
     features, labels, keys, lines = [], [], [], []
@@ -200,7 +184,7 @@ def prepare_data(args, dtype: str, log) -> Data:
     spec = common.DataSpec(files=args.files, rows=args.rows, cols=args.cols, dtype=dtype,
                            label_cols=args.labels, window=spec_window)
     ds = common.make_dataset(parent, spec, log=log)
-    factor_dir, label_dir = _link_dir(parent / "windows-links" / spec.name, ds)
+    factor_dir, label_dir = common.link_dir(parent / "windows-links" / spec.name, ds)
     log(f"  parsing the index ({len(ds.index_paths)} files) ...")
     features, labels, keys, lines = _parse_index(ds.index_paths)
     key_names = list(dict.fromkeys(keys))

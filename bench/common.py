@@ -449,3 +449,19 @@ def resolve_threads(threads: int | None) -> int:
             raise SystemExit("--threads must be at least 1")
         return threads
     return machine_info()["cpus"]
+
+
+def link_dir(root: Path, ds: DataSet) -> tuple:
+    """One factor and one label folder for all stocks (npyfeed takes one folder each): symlinks, made once."""
+    factor_dir, label_dir = root / "factor", root / "label"
+    for folder, paths in ((factor_dir, ds.factor_paths), (label_dir, ds.label_paths)):
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in paths:
+            link = folder / os.path.basename(path)
+            target = os.path.abspath(path)
+            if os.path.islink(link) and os.readlink(link) == target:
+                continue
+            if os.path.lexists(link):
+                link.unlink()
+            os.symlink(target, link)
+    return str(factor_dir), str(label_dir)
