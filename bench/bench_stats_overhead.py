@@ -52,7 +52,7 @@ PATHS = ("batches", "blocks", "take")
 def child(cfg: dict) -> dict:
     """One timed run in this process (its npyfeed comes from PYTHONPATH): a dict, printed as JSON."""
     import npyfeed
-    import numpy as np  # noqa: F401  (numpy first, as a user's process has it)
+    import numpy as np  # noqa: F401  (imported as a user's process has it)
 
     here = os.path.realpath(npyfeed.__file__)
     if not here.startswith(os.path.realpath(cfg["install"]) + os.sep):
