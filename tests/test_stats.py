@@ -77,6 +77,7 @@ def test_a_blocks_epoch_reads_each_block_and_each_file_once(ordered, mode):
     assert got["block_bytes_read"] == factor_bytes + (label_bytes if mode == "mmap" else 0)
     assert got["block_read_seconds"] > 0
     assert 0 <= got["block_waits"] <= len(blocks)  # (these reads are too small to be caught in flight)
+    assert got["block_hits"] == len(blocks) - got["block_waits"]
 
 
 def test_arrays_in_memory_are_not_read_again(ordered):
@@ -148,6 +149,7 @@ def test_the_dict_and_the_summary_follow_from_the_counters():
     assert got["gather_seconds"] == pytest.approx(2.5)
     assert got["read_ahead"] == 1.5
     assert got["block_read_seconds"] == pytest.approx(0.05)
+    assert got["block_hits"] == 1
     line = nfs.summary(got)
     assert line.startswith("input-bound: the consumer waited 30% of its time") and "2 blocks read" in line
     raw.update(wait_ns=50_000_000)

@@ -28,7 +28,8 @@ FIELDS = {
     "blocks_read": 'shuffle="blocks": blocks whose files were all read',
     "block_bytes_read": 'shuffle="blocks": bytes of the files read whole',
     "block_read_seconds": 'shuffle="blocks": worker time those reads took',
-    "block_waits": 'shuffle="blocks": blocks whose read the consumer had to wait for',
+    "block_waits": 'shuffle="blocks": blocks whose read the consumer had to wait for (cache misses)',
+    "block_hits": 'shuffle="blocks": blocks read ahead, ready when first needed (blocks_read - block_waits)',
     "device_bytes": 'gather="device": bytes of arrays uploaded to the device',
 }
 
@@ -63,6 +64,7 @@ def as_dict(raw: dict) -> dict:
         "block_bytes_read": raw["block_bytes_read"],
         "block_read_seconds": raw["block_read_ns"] * _NS,
         "block_waits": raw["block_waits"],
+        "block_hits": max(raw["blocks_read"] - raw["block_waits"], 0),
         "device_bytes": raw["device_bytes"],
     }
     assert list(out) == list(FIELDS)
