@@ -77,7 +77,7 @@ def test_stats_callback_in_model_fit(tf, src, tmp_path, capsys):
     assert history.history["npyfeed_samples_per_second"] == [e["samples_per_second"] for e in callback.epochs]
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("npyfeed, epoch")]
     assert [line.split(":")[0] for line in printed] == ["npyfeed, epoch 1", "npyfeed, epoch 2", "npyfeed, epoch 3"]
-    assert all("the consumer waited" in line for line in printed)
+    assert all("the model waited" in line for line in printed)
     events = _events(tmp_path / "logs", tf)
     assert {tag for _, tag in events} == {f"npyfeed/{name}" for name in npyfeed.tf.StatsCallback.SCALARS}
     for epoch, stats in enumerate(callback.epochs):

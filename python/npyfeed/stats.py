@@ -71,13 +71,14 @@ def as_dict(raw: dict) -> dict:
     return out
 
 
-def summary(stats: dict) -> str:
-    """One line: input-bound or not, with the figures that say so. `stats` is a stats dict (`as_dict`)."""
+def summary(stats: dict, consumer: str = "the consumer") -> str:
+    """One line: input-bound or not, with the figures that say so. `stats` is a stats dict (`as_dict`); `consumer`
+    names who reads the batches (the Keras callbacks say "the model")."""
     if not stats["batches"]:
         return "no batches yet"
     share = stats["wait_fraction"]
     verdict = "input-bound" if share >= INPUT_BOUND else "not input-bound"
-    line = (f"{verdict}: the consumer waited {share:.0%} of its time for batches "
+    line = (f"{verdict}: {consumer} waited {share:.0%} of its time for batches "
             f"({stats['samples_per_second']:,.0f} samples/s; the gathers worked {stats['gather_seconds']:.2f} s, "
             f"{stats['read_ahead']:.1f} batches ready ahead on average")
     if stats["blocks_read"]:
@@ -155,7 +156,7 @@ class EpochStatsCallback:
             logs["npyfeed_wait_fraction"] = stats["wait_fraction"]
             logs["npyfeed_samples_per_second"] = stats["samples_per_second"]
         if self.verbose:
-            print(f"npyfeed, epoch {epoch + 1}: {summary(stats)}", flush=True)
+            print(f"npyfeed, epoch {epoch + 1}: {summary(stats, 'the model')}", flush=True)
         self._write(int(epoch), stats)
 
     def _write(self, epoch: int, stats: dict) -> None:

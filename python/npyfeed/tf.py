@@ -581,7 +581,7 @@ class StatsCallback(_stats.EpochStatsCallback, tf.keras.callbacks.Callback):
     """A Keras callback (``tf.keras``: Keras 2 or 3) that reports, per epoch, whether training waited for input.
 
     Over each epoch it reads the pipeline's live statistics (`npyfeed.stats`): prints one line (``verbose=1``)
-    such as ``input-bound: the consumer waited 63% of its time for batches (...)``, adds
+    such as ``input-bound: the model waited 63% of its time for batches (...)``, adds
     ``npyfeed_wait_fraction`` and ``npyfeed_samples_per_second`` to the logs (so to the ``History``), keeps the
     epoch's stats dict in ``epochs``, and with `log_dir` writes them as TensorBoard scalars (``tf.summary``,
     ``npyfeed/<field>`` at step = epoch).
