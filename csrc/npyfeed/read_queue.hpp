@@ -41,7 +41,8 @@ class ReadQueue {
   /// The calling thread's queue (made on first use; a new one in a child after fork).
   static ReadQueue& this_thread();
 
-  ReadQueue();
+  /// A queue with a ring of its own where `io_uring` and the kernel allow (this_thread() asks for one).
+  explicit ReadQueue(bool io_uring = true);
   ~ReadQueue();
   ReadQueue(const ReadQueue&) = delete;
   ReadQueue& operator=(const ReadQueue&) = delete;

@@ -99,13 +99,16 @@ ReadQueue& ReadQueue::this_thread() {
   return *queue;
 }
 
-ReadQueue::ReadQueue() : pid_(::getpid()) {
+ReadQueue::ReadQueue(bool io_uring) : pid_(::getpid()) {
 #ifdef NPYFEED_HAVE_LIBURING
+  if (!io_uring) return;
   auto ring = std::make_unique<Ring>();
   if (init_ring(ring->ring, kRingEntries) == 0) {
     ring->entries = kRingEntries;
     ring_ = std::move(ring);
   }
+#else
+  (void)io_uring;
 #endif
 }
 
