@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -80,8 +81,10 @@ class Gather {
   void hint_will_need() const;
   /// Gathers the samples of the `group`-th key of the batch. Throws what its readers throw.
   void run_key(std::size_t group) const { run_keys(group, group + 1); }
-  /// Gathers the samples of keys [first, last) of the batch, their queued reads in flight together.
+  /// Gathers the samples of keys [first, last) of the batch, their queued reads in flight together: in waves
+  /// of `keys_per_wave` keys (set_keys_per_wave), the next wave's reads in flight while one is converted.
   void run_keys(std::size_t first, std::size_t last) const;
+  void set_keys_per_wave(std::size_t keys) noexcept { keys_per_wave_ = std::max<std::size_t>(keys, 1); }
 
  private:
   std::vector<Run> factor_runs(std::size_t begin, std::size_t end) const;
@@ -103,6 +106,7 @@ class Gather {
   std::vector<std::size_t> key_begin_;  // groups (keys) in `order_`, plus an end marker
   std::byte* x_;
   std::byte* y_;
+  std::size_t keys_per_wave_ = 1;
 };
 
 }  // namespace npyfeed

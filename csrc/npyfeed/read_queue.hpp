@@ -6,18 +6,21 @@
 // stalled so its reader can fall back to buffered reads.
 //
 // The queue only moves bytes; what a result means (an error naming the file, a fallback) is decided by the
-// reader that queued the read (array_reader.cpp), in the callback it passes. Nothing is in flight outside
-// wait(): it submits and drains every read before it returns or throws, so a cancelled or failed gather
-// never leaves the kernel writing into freed memory.
+// reader that queued the read (array_reader.cpp), in the callback it passes. Reads put in flight by submit()
+// stay there until wait() or drain(): a caller that leaves early (an exception, a cancelled job) calls
+// drain() or clear() first, so the kernel never writes into freed memory; wait() drains when it throws.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "npyfeed/aligned_buffer.hpp"
+
+struct io_uring_cqe;  // liburing.h
 
 namespace npyfeed {
 
@@ -57,11 +60,19 @@ class ReadQueue {
   /// and `dest` must stay valid until wait() returns.
   void add(int fd, std::byte* dest, std::uint64_t offset, std::uint64_t length, std::uint64_t need,
            std::size_t align, std::function<void(const QueuedReadResult&)> done);
-  /// Carries out every queued read, then calls their callbacks in the order they were added. Every read
-  /// has ended when it returns or throws; the first callback exception is rethrown after all have run.
-  /// Throws OsError where the ring itself fails (its reads drained first).
-  void wait();
-  /// Drops reads queued and not yet waited for (none is in flight), and forgets the staging memory.
+  /// Puts the queued reads in flight (io_uring) and returns at once; without a ring, nothing happens until
+  /// wait().
+  void submit();
+  /// The position after the last read queued so far: wait(mark()) waits for those reads, not later ones.
+  std::uint64_t mark() const noexcept;
+  /// Carries out the reads queued before position `until` (all by default; later ones may stay in flight),
+  /// then calls their callbacks in the order they were added. Those reads have all ended when it returns or
+  /// throws; the first callback exception is rethrown after all have run.
+  void wait(std::uint64_t until = UINT64_MAX);
+  /// Waits for every read in flight, without callbacks, and drops every queued read (for error paths: then
+  /// no read writes into memory that is about to be freed). Also done by clear() and the destructor.
+  void drain() noexcept;
+  /// drain(), and forgets the staging memory.
   void clear() noexcept;
 
   /// `bytes` of staging memory aligned to `align`, valid until the next clear() (a read's destination when
@@ -71,11 +82,16 @@ class ReadQueue {
  private:
   struct Request;
   struct Ring;
-  void run_blocking();
-  void run_ring();
+  void run_blocking(std::uint64_t until);
+  bool pump(unsigned wait_nr);
+  void complete(::io_uring_cqe* cqe);
   void advance(Request& r, long result);
 
-  std::vector<Request> requests_;
+  std::deque<Request> requests_;  // requests_[0] is position base_
+  std::uint64_t base_ = 0;
+  std::deque<std::uint64_t> ready_;  // positions to put into the ring (again)
+  unsigned prepared_ = 0;            // in the submission queue, not yet taken by the kernel
+  unsigned in_flight_ = 0;           // taken by the kernel, not yet completed
   std::unique_ptr<Ring> ring_;
   int pid_;
   std::vector<std::unique_ptr<AlignedBuffer>> staging_;

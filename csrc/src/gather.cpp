@@ -196,34 +196,50 @@ void Gather::run_keys(std::size_t first, std::size_t last) const {
   std::vector<std::vector<Run>> runs(last - first);
   std::vector<std::vector<const std::byte*>> staged(last - first);
   ReadQueue* queue = nullptr;
-  // Waves of keys: every queued read of a wave in flight together, then the wave converted.
-  for (std::size_t wave = first; wave < last;) {
-    std::size_t wave_end = wave;
+  // Waves of keys, pipelined: the reads of the next wave go in flight before the current wave is waited for
+  // and converted, so the device queue never runs dry while this thread converts.
+  struct Wave {
+    std::size_t begin, end;
+    std::uint64_t mark;
+  };
+  auto plan_wave = [&](std::size_t begin) {
+    Wave wave{begin, begin, 0};
     std::uint64_t staged_bytes = 0;
-    try {
-      for (; wave_end < last && (wave_end == wave || staged_bytes < kMaxStagedBytes); ++wave_end) {
-        const std::size_t begin = key_begin_[wave_end];
-        runs[wave_end - first] = factor_runs(begin, key_begin_[wave_end + 1]);
-        const ArraySource& factor = (*in_.factors)[sample_at(order_[begin]).key];
-        if (factor.reader->queue_depth() == 0 || transposed(factor.header())) continue;
-        if (queue == nullptr) {
-          queue = &ReadQueue::this_thread();
-          queue->clear();
-        }
-        staged_bytes += queue_factor_reads(begin, runs[wave_end - first], *queue, staged[wave_end - first]);
+    std::size_t queued_keys = 0;
+    for (; wave.end < last && queued_keys < keys_per_wave_ && staged_bytes < kMaxStagedBytes; ++wave.end) {
+      const std::size_t k = key_begin_[wave.end];
+      runs[wave.end - first] = factor_runs(k, key_begin_[wave.end + 1]);
+      const ArraySource& factor = (*in_.factors)[sample_at(order_[k]).key];
+      if (factor.reader->queue_depth() == 0 || transposed(factor.header())) continue;
+      if (queue == nullptr) {
+        queue = &ReadQueue::this_thread();
+        queue->clear();
       }
-      if (queue != nullptr) queue->wait();  // every read ended, even when it throws
-    } catch (...) {
-      if (queue != nullptr) queue->clear();
-      throw;
+      staged_bytes += queue_factor_reads(k, runs[wave.end - first], *queue, staged[wave.end - first]);
+      ++queued_keys;
     }
-    for (std::size_t g = wave; g < wave_end; ++g) {
-      gather_factors(key_begin_[g], transpose_scratch, runs[g - first], staged[g - first]);
-      gather_labels(key_begin_[g], key_begin_[g + 1], transpose_scratch);
+    if (queue != nullptr) {
+      queue->submit();
+      wave.mark = queue->mark();
     }
-    if (queue != nullptr) queue->clear();
-    wave = wave_end;
+    return wave;
+  };
+  try {
+    Wave wave = plan_wave(first);
+    while (wave.begin < last) {
+      const Wave next = wave.end < last ? plan_wave(wave.end) : Wave{last, last, 0};
+      if (queue != nullptr) queue->wait(wave.mark);
+      for (std::size_t g = wave.begin; g < wave.end; ++g) {
+        gather_factors(key_begin_[g], transpose_scratch, runs[g - first], staged[g - first]);
+        gather_labels(key_begin_[g], key_begin_[g + 1], transpose_scratch);
+      }
+      wave = next;
+    }
+  } catch (...) {
+    if (queue != nullptr) queue->clear();  // waits for every read still in flight into this batch or the staging
+    throw;
   }
+  if (queue != nullptr) queue->clear();
 }
 
 // The runs of one key's factor windows (order_[begin, end), in order of first row): nearby windows read together.

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <deque>
 #include <exception>
 #include <string_view>
 
@@ -112,15 +113,18 @@ ReadQueue::ReadQueue(bool io_uring) : pid_(::getpid()) {
 #endif
 }
 
-ReadQueue::~ReadQueue() = default;
+ReadQueue::~ReadQueue() { drain(); }
 
 bool ReadQueue::uses_io_uring() const noexcept { return ring_ != nullptr; }
+
+std::uint64_t ReadQueue::mark() const noexcept { return base_ + requests_.size(); }
 
 void ReadQueue::add(int fd, std::byte* dest, std::uint64_t offset, std::uint64_t length, std::uint64_t need,
                     std::size_t align, std::function<void(const QueuedReadResult&)> done) {
   Request r{fd, dest, offset, length, std::min(need, length), std::max<std::uint64_t>(align, 1), std::move(done), {}};
   r.finished = r.need == 0;
   requests_.push_back(std::move(r));
+  if (ring_ && !requests_.back().finished) ready_.push_back(mark() - 1);
 }
 
 // One completion of request `r` (bytes read, or -errno), as read_direct_into and File::read_at loop: a short
@@ -150,8 +154,9 @@ void ReadQueue::advance(Request& r, long result) {
   r.finished = r.result.done >= r.need;
 }
 
-void ReadQueue::run_blocking() {
-  for (Request& r : requests_) {
+void ReadQueue::run_blocking(std::uint64_t until) {
+  for (std::uint64_t seq = base_; seq < until; ++seq) {
+    Request& r = requests_[seq - base_];
     while (!r.finished) {
       const std::uint64_t at = r.at();
       const std::uint64_t want = r.want();
@@ -161,75 +166,86 @@ void ReadQueue::run_blocking() {
   }
 }
 
-void ReadQueue::run_ring() {
+#ifdef NPYFEED_HAVE_LIBURING
+// One completion: the request goes on (back to ready_) or has ended.
+void ReadQueue::complete(::io_uring_cqe* cqe) {
+  const std::uint64_t seq = io_uring_cqe_get_data64(cqe);
+  const long result = cqe->res;
+  io_uring_cqe_seen(&ring_->ring, cqe);
+  --in_flight_;
+  Request& r = requests_[seq - base_];
+  advance(r, hooked(result, r.want()));
+  if (!r.finished) ready_.push_back(seq);
+}
+#endif
+
+// Puts ready requests into the ring (as many as it holds), submits them, waits for `wait_nr` completions and
+// takes every completion there is. False where the ring failed (its reads drained: the ring is gone).
+bool ReadQueue::pump(unsigned wait_nr) {
 #ifdef NPYFEED_HAVE_LIBURING
   io_uring& ring = ring_->ring;
-  // Requests to submit (again), first in first out: each is at most once here or in the ring, so n slots do,
-  // and nothing is allocated while reads are in flight.
-  const std::size_t n = requests_.size();
-  std::vector<std::size_t> ready(n);
-  std::size_t head = 0, count = 0;
-  for (std::size_t i = 0; i < n; ++i)
-    if (!requests_[i].finished) ready[count++] = i;
-  unsigned prepared = 0;   // in the submission queue, not yet taken by the kernel
-  unsigned in_flight = 0;  // taken by the kernel, not yet completed
-  bool broken = false;
-  while (!broken && (count > 0 || prepared + in_flight > 0)) {
-    while (count > 0 && prepared + in_flight < ring_->entries) {
-      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-      if (sqe == nullptr) break;
-      const std::size_t i = ready[head];
-      head = (head + 1) % n;
-      --count;
-      Request& r = requests_[i];
-      const std::uint64_t at = r.at();
-      io_uring_prep_read(sqe, r.fd, r.dest + at, static_cast<unsigned>(r.want()), r.offset + at);
-      io_uring_sqe_set_data64(sqe, i);
-      ++prepared;
-    }
-    const int submitted = io_uring_submit_and_wait(&ring, in_flight + prepared > 0 ? 1 : 0);
-    if (submitted >= 0) {
-      prepared -= static_cast<unsigned>(submitted);
-      in_flight += static_cast<unsigned>(submitted);
-    } else if (submitted != -EINTR && submitted != -EAGAIN && submitted != -EBUSY) {
-      broken = true;  // the reads the kernel took are drained below; the rest go through pread
-    }
-    io_uring_cqe* cqe = nullptr;
-    while (in_flight > 0 && io_uring_peek_cqe(&ring, &cqe) == 0 && cqe != nullptr) {
-      const std::size_t i = static_cast<std::size_t>(io_uring_cqe_get_data64(cqe));
-      const long result = cqe->res;
-      io_uring_cqe_seen(&ring, cqe);
-      --in_flight;
-      Request& r = requests_[i];
-      advance(r, hooked(result, r.want()));
-      if (!r.finished) ready[(head + count++) % n] = i;
-    }
+  while (!ready_.empty() && prepared_ + in_flight_ < ring_->entries) {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+    if (sqe == nullptr) break;
+    const std::uint64_t seq = ready_.front();
+    ready_.pop_front();
+    Request& r = requests_[seq - base_];
+    const std::uint64_t at = r.at();
+    io_uring_prep_read(sqe, r.fd, r.dest + at, static_cast<unsigned>(r.want()), r.offset + at);
+    io_uring_sqe_set_data64(sqe, seq);
+    ++prepared_;
   }
-  if (broken) {
-    // Wait for every read the kernel took before its memory can go; then the ring is given up on.
-    while (in_flight > 0) {
+  const int submitted = io_uring_submit_and_wait(&ring, prepared_ + in_flight_ > 0 ? wait_nr : 0);
+  if (submitted >= 0) {
+    prepared_ -= static_cast<unsigned>(submitted);
+    in_flight_ += static_cast<unsigned>(submitted);
+  } else if (submitted != -EINTR && submitted != -EAGAIN && submitted != -EBUSY) {
+    // Wait for every read the kernel took before its memory can go, then give the ring up: the reads it never
+    // took die with it, and every unfinished request is read with pread instead.
+    while (in_flight_ > 0) {
       io_uring_cqe* cqe = nullptr;
       const int rc = io_uring_wait_cqe(&ring, &cqe);
       if (rc == -EINTR) continue;
       if (rc != 0) std::abort();  // a read may still write into memory about to be freed: never carry on
-      const std::size_t i = static_cast<std::size_t>(io_uring_cqe_get_data64(cqe));
-      const long result = cqe->res;
-      io_uring_cqe_seen(&ring, cqe);
-      --in_flight;
-      advance(requests_[i], hooked(result, requests_[i].want()));
+      complete(cqe);
     }
-    ring_.reset();  // reads the kernel never took die with the ring; run_blocking finishes every request
+    ring_.reset();
+    ready_.clear();
+    prepared_ = 0;
+    return false;
   }
+  io_uring_cqe* cqe = nullptr;
+  while (in_flight_ > 0 && io_uring_peek_cqe(&ring, &cqe) == 0 && cqe != nullptr) complete(cqe);
+#else
+  (void)wait_nr;
 #endif
+  return true;
 }
 
-void ReadQueue::wait() {
-  if (ring_) run_ring();
-  run_blocking();  // everything, without a ring; whatever a broken ring left, with one
-  std::vector<Request> requests;
-  requests.swap(requests_);
+void ReadQueue::submit() {
+  if (ring_ && !ready_.empty()) pump(0);
+}
+
+void ReadQueue::wait(std::uint64_t until) {
+  until = std::min<std::uint64_t>(until, mark());
+  auto unfinished = [&] {
+    for (std::uint64_t seq = base_; seq < until; ++seq)
+      if (!requests_[seq - base_].finished) return true;
+    return false;
+  };
+  try {
+    while (ring_ && unfinished())
+      if (!pump(1)) break;
+    run_blocking(until);  // everything, without a ring; whatever a failed ring left, with one
+  } catch (...) {
+    drain();
+    throw;
+  }
   std::exception_ptr first;
-  for (Request& r : requests) {
+  while (base_ < until) {
+    Request r = std::move(requests_.front());
+    requests_.pop_front();
+    ++base_;
     try {
       r.done(r.result);
     } catch (...) {
@@ -239,8 +255,30 @@ void ReadQueue::wait() {
   if (first) std::rethrow_exception(first);
 }
 
-void ReadQueue::clear() noexcept {
+void ReadQueue::drain() noexcept {
+#ifdef NPYFEED_HAVE_LIBURING
+  while (ring_ && prepared_ + in_flight_ > 0) {
+    const int submitted = io_uring_submit_and_wait(&ring_->ring, 1);
+    if (submitted > 0) {
+      prepared_ -= static_cast<unsigned>(submitted);
+      in_flight_ += static_cast<unsigned>(submitted);
+    } else if (submitted < 0 && submitted != -EINTR && submitted != -EAGAIN && submitted != -EBUSY) {
+      std::abort();  // reads in flight into memory about to be freed, and no way to wait for them
+    }
+    io_uring_cqe* cqe = nullptr;
+    while (in_flight_ > 0 && io_uring_peek_cqe(&ring_->ring, &cqe) == 0 && cqe != nullptr) {
+      io_uring_cqe_seen(&ring_->ring, cqe);
+      --in_flight_;
+    }
+  }
+#endif
+  ready_.clear();
+  base_ += requests_.size();
   requests_.clear();
+}
+
+void ReadQueue::clear() noexcept {
+  drain();
   // Keep one chunk for the next batch; larger staging (a long merged run) goes back to the system.
   if (staging_.size() > 1 || (!staging_.empty() && staging_.front()->size() > kStagingChunk)) staging_.clear();
   staging_used_ = 0;
