@@ -8,8 +8,8 @@
 // keys first, waits for them together, then converts: one thread keeps many reads in flight.
 #pragma once
 
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>

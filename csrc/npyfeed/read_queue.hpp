@@ -58,8 +58,8 @@ class ReadQueue {
   /// O_DIRECT descriptor: offset, length and dest are aligned to it, and a short read goes on from the last
   /// aligned position. `done` is called once, from wait(), with the result; it may throw. The descriptor
   /// and `dest` must stay valid until wait() returns.
-  void add(int fd, std::byte* dest, std::uint64_t offset, std::uint64_t length, std::uint64_t need,
-           std::size_t align, std::function<void(const QueuedReadResult&)> done);
+  void add(int fd, std::byte* dest, std::uint64_t offset, std::uint64_t length, std::uint64_t need, std::size_t align,
+           std::function<void(const QueuedReadResult&)> done);
   /// Puts the queued reads in flight (io_uring) and returns at once; without a ring, nothing happens until
   /// wait().
   void submit();

@@ -278,7 +278,8 @@ class DirectReader final : public FileReader {
                   read(offset, length, dest);
                   return;
                 }
-                if (r.error != 0) throw OsError(r.error, name_, "cannot read (O_DIRECT)", start + align_down(r.done, align_));
+                if (r.error != 0)
+                  throw OsError(r.error, name_, "cannot read (O_DIRECT)", start + align_down(r.done, align_));
                 if (r.done < need) throw ended_early(name_, start + r.done, length, at);
               });
     return dest;

@@ -319,7 +319,8 @@ void Gather::gather_factors(std::size_t begin, std::vector<std::byte>& scratch, 
       continue;
     }
     const std::byte* rows_data = ready;
-    if (rows_data == nullptr && run.end_row > run.first) rows_data = fetch_rows(factor, run.first, run.end_row, scratch, t);
+    if (rows_data == nullptr && run.end_row > run.first)
+      rows_data = fetch_rows(factor, run.first, run.end_row, scratch, t);
     // The rows may be a mapping's pages: read them guarded (copy_guarded), with nothing allocated inside.
     const std::uint64_t run_offset = static_cast<std::uint64_t>(run.first) * src_row_bytes;
     const std::uint64_t run_bytes =

@@ -294,7 +294,8 @@ std::byte* ReadQueue::stage(std::size_t bytes, std::size_t align) {
       return chunk.data() + at;
     }
   }
-  staging_.push_back(std::make_unique<AlignedBuffer>(std::max(bytes, kStagingChunk), std::max<std::size_t>(align, 4096)));
+  staging_.push_back(
+      std::make_unique<AlignedBuffer>(std::max(bytes, kStagingChunk), std::max<std::size_t>(align, 4096)));
   staging_used_ = bytes;
   return staging_.back()->data();
 }
