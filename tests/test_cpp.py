@@ -84,7 +84,7 @@ def test_cpp_without_liburing(tmp_path):
     assert "NPYFEED_HAVE_LIBURING" not in (tmp_path / "build.ninja").read_text() if generator else True
     out = _run([tmp_path / "tests" / "cpp" / "test_read_queue"])
     assert "io_uring_enabled() = 0" in out.stderr
-    assert "4 passed, 0 failed" in out.stdout + out.stderr
+    assert "5 passed, 0 failed" in out.stdout + out.stderr
 
 
 def _has_libfuzzer(clang: str, tmp_path: Path) -> bool:
