@@ -72,6 +72,21 @@ def test_cpp_without_zlib(tmp_path):
     assert "1 passed, 0 failed" in out.stdout + out.stderr
 
 
+def test_cpp_without_liburing(tmp_path):
+    """-DNPYFEED_WITH_LIBURING=OFF (what a machine without liburing's headers gets): the core builds without io_uring
+    and every queued read is a blocking pread (test_read_queue on that path alone)."""
+    cmake = _require("cmake")
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    proc = _run([cmake, "-S", ROOT, "-B", tmp_path, *generator, "-DNPYFEED_BUILD_PYTHON=OFF", "-DNPYFEED_BUILD_TESTS=ON",
+                 "-DNPYFEED_WITH_LIBURING=OFF"])
+    assert "building without liburing" in proc.stdout + proc.stderr
+    _run([cmake, "--build", tmp_path, "-j2", "--target", "test_read_queue"])
+    assert "NPYFEED_HAVE_LIBURING" not in (tmp_path / "build.ninja").read_text() if generator else True
+    out = _run([tmp_path / "tests" / "cpp" / "test_read_queue"])
+    assert "io_uring_enabled() = 0" in out.stderr
+    assert "5 passed, 0 failed" in out.stdout + out.stderr
+
+
 def _has_libfuzzer(clang: str, tmp_path: Path) -> bool:
     probe = tmp_path / "probe.cpp"
     probe.write_text('extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n')

@@ -7,6 +7,11 @@
 // One subclass per way of reading (in array_reader.cpp): memory (owned elsewhere, or a file read whole),
 // a shared mapping, pread, O_DIRECT. A new way (a bounded-mapping cache, a streaming reader, a member of a
 // `.npz`) is one new subclass and one line in `ArrayReader::open`.
+//
+// Queued reads (read_queue.hpp): the pread and O_DIRECT readers that keep their descriptor can queue their
+// reads, so that one thread keeps many in flight through an io_uring; whether they do is decided at open
+// (io_uring_enabled(): liburing in the build, the kernel's consent, NPYFEED_IO_URING not "0"), and
+// queue_depth() says so. Otherwise reads go on exactly as before, one blocking call per read.
 #pragma once
 
 #include <atomic>
@@ -21,6 +26,8 @@
 #include "npyfeed/npy_header.hpp"
 
 namespace npyfeed {
+
+class ReadQueue;
 
 enum class ReadMode {
   kMmap,    // zero-copy view of a shared read-only mapping
@@ -111,6 +118,15 @@ class ArrayReader {
   /// Reads in flight that one worker thread should keep: O_DIRECT waits on the device, so more workers
   /// keep its queue deep (the page-cache readers get that depth from will_need() instead).
   virtual std::size_t reads_in_flight_per_thread() const noexcept { return 1; }
+  /// Reads that one thread should keep in flight through a ReadQueue (queue_depth() reads at once from one
+  /// worker instead of more workers each blocking in a read); 0 when this reader does not queue reads.
+  virtual std::size_t queue_depth() const noexcept { return 0; }
+  /// Queues read(offset, length, dest) on `queue`: the bytes are in `dest` once queue.wait() returned, which
+  /// throws what read() throws (naming the file and offset). Readers that do not queue reads read at once.
+  virtual void read_queued(ReadQueue& queue, std::uint64_t offset, std::uint64_t length, std::byte* dest) const;
+  /// Queues fetch(offset, length): returns where data bytes [offset, offset + length) are once queue.wait()
+  /// returned (the queue's staging memory, valid until its clear()).
+  virtual const std::byte* fetch_queued(ReadQueue& queue, std::uint64_t offset, std::uint64_t length) const;
   /// True once the filesystem refused O_DIRECT and buffered reads were used instead.
   bool fell_back() const noexcept { return fell_back_.load(std::memory_order_relaxed); }
 

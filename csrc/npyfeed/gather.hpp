@@ -3,9 +3,12 @@
 // key, in order of first row), then each key is one work item: nearby rows are merged into runs read with
 // one call each (merge_runs), fetched from the key's ArrayReader, transposed when the file is in Fortran
 // order, converted (with the source's column selection, replacement and normalisation: transform.hpp), and
-// zero-padded where a window (or label row) lies outside its array.
+// zero-padded where a window (or label row) lies outside its array. Where the readers queue their reads
+// (ArrayReader::queue_depth, read_queue.hpp), a work item of several keys queues every window read of its
+// keys first, waits for them together, then converts: one thread keeps many reads in flight.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -77,11 +80,21 @@ class Gather {
   /// On a cold page cache, asks the kernel to read every window of the batch ahead (see gather.cpp).
   void hint_will_need() const;
   /// Gathers the samples of the `group`-th key of the batch. Throws what its readers throw.
-  void run_key(std::size_t group) const;
+  void run_key(std::size_t group) const { run_keys(group, group + 1); }
+  /// Gathers the samples of keys [first, last) of the batch, their queued reads in flight together: in waves
+  /// of `keys_per_wave` keys (set_keys_per_wave), the next wave's reads in flight while one is converted.
+  void run_keys(std::size_t first, std::size_t last) const;
+  void set_keys_per_wave(std::size_t keys) noexcept { keys_per_wave_ = std::max<std::size_t>(keys, 1); }
 
  private:
+  std::vector<Run> factor_runs(std::size_t begin, std::size_t end) const;
+  // Queues the reads of `runs` (of the key at order_[begin, end)): per run, where its rows will be once the
+  // queue is waited for (null: fetched as before). Returns the bytes staged.
+  std::uint64_t queue_factor_reads(std::size_t begin, const std::vector<Run>& runs, ReadQueue& queue,
+                                   std::vector<const std::byte*>& staged) const;
+  void gather_factors(std::size_t begin, std::vector<std::byte>& scratch, const std::vector<Run>& runs,
+                      const std::vector<const std::byte*>& staged) const;
   const Sample& sample_at(std::uint32_t pos) const { return (*in_.samples)[static_cast<std::size_t>(ids_[pos])]; }
-  void gather_factors(std::size_t begin, std::size_t end, std::vector<std::byte>& scratch) const;
   void gather_labels(std::size_t begin, std::size_t end, std::vector<std::byte>& scratch) const;
   void convert_rows(const RowTransform& t, const std::byte* src, const ScalarType& type, std::uint64_t rows,
                     std::byte* dst) const;
@@ -93,6 +106,7 @@ class Gather {
   std::vector<std::size_t> key_begin_;  // groups (keys) in `order_`, plus an end marker
   std::byte* x_;
   std::byte* y_;
+  std::size_t keys_per_wave_ = 1;
 };
 
 }  // namespace npyfeed

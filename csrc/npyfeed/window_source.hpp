@@ -162,6 +162,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   bool keep_fds_ = true;
   std::shared_ptr<MappingCache> mappings_;  // mmap with more files than the mapping budget, else null
   std::size_t gather_workers_ = 1;  // threads x the reads in flight any reader asks for, within the descriptor budget
+  std::size_t keys_per_item_ = 1;   // keys per gather work item: twice the readers' queue depth, else 1
   mutable std::atomic<std::uint64_t> npz_memory_{0};  // bytes of .npz members held in memory
   bool reads_files_ = false;
   std::vector<std::uint8_t> in_archive_;  // per key: bit 0 factor, bit 1 label opened as a member of a .npz

@@ -6,6 +6,7 @@
 
 #include "npyfeed/fault_guard.hpp"
 #include "npyfeed/mapped_file.hpp"
+#include "npyfeed/read_queue.hpp"
 
 namespace npyfeed {
 
@@ -18,6 +19,19 @@ constexpr std::uint64_t kMaxSpanBytes = 16u << 20;
 
 // Column-major 2-d arrays with more than one column need a transpose; one column is already row order.
 bool transposed(const NpyHeader& h) { return h.fortran_order && h.shape.size() == 2 && h.shape[1] > 1; }
+
+// Staged bytes of one wave of queued reads at most (a wave holds one key at least): bounds the staging memory
+// of a thread when a batch's windows of one key merge into long runs.
+constexpr std::uint64_t kMaxStagedBytes = 32u << 20;
+
+// A window stored exactly as the output wants it, from a reader that reads in place: read straight into the
+// batch (replaced and normalised there).
+bool windows_in_place(const ArraySource& factor, const RowTransform& t, std::uint32_t out_size) {
+  const NpyHeader& h = factor.header();
+  const ScalarType& st = h.scalar;
+  return factor.reader->reads_in_place() && !h.fortran_order && st.kind == 'f' && st.size == out_size && !st.swapped &&
+         !t.selects();
+}
 
 // Runs `copy`, which reads data bytes [offset, offset + length) of `source` from memory that may be a mapping,
 // guarded: where the file shrank since it was mapped the read raises SIGBUS (fault_guard.hpp), and the
@@ -177,14 +191,105 @@ void Gather::finish_rows(const RowTransform& t, std::byte* dst, std::uint64_t ro
   }
 }
 
-void Gather::run_key(std::size_t group) const {
+void Gather::run_keys(std::size_t first, std::size_t last) const {
   std::vector<std::byte> transpose_scratch;
-  gather_factors(key_begin_[group], key_begin_[group + 1], transpose_scratch);
-  gather_labels(key_begin_[group], key_begin_[group + 1], transpose_scratch);
+  std::vector<std::vector<Run>> runs(last - first);
+  std::vector<std::vector<const std::byte*>> staged(last - first);
+  ReadQueue* queue = nullptr;
+  // Waves of keys, pipelined: the reads of the next wave go in flight before the current wave is waited for
+  // and converted, so the device queue never runs dry while this thread converts.
+  struct Wave {
+    std::size_t begin, end;
+    std::uint64_t mark;
+  };
+  auto plan_wave = [&](std::size_t begin) {
+    Wave wave{begin, begin, 0};
+    std::uint64_t staged_bytes = 0;
+    std::size_t queued_keys = 0;
+    for (; wave.end < last && queued_keys < keys_per_wave_ && staged_bytes < kMaxStagedBytes; ++wave.end) {
+      const std::size_t k = key_begin_[wave.end];
+      runs[wave.end - first] = factor_runs(k, key_begin_[wave.end + 1]);
+      const ArraySource& factor = (*in_.factors)[sample_at(order_[k]).key];
+      if (factor.reader->queue_depth() == 0 || transposed(factor.header())) continue;
+      if (queue == nullptr) {
+        queue = &ReadQueue::this_thread();
+        queue->clear();
+      }
+      staged_bytes += queue_factor_reads(k, runs[wave.end - first], *queue, staged[wave.end - first]);
+      ++queued_keys;
+    }
+    if (queue != nullptr) {
+      queue->submit();
+      wave.mark = queue->mark();
+    }
+    return wave;
+  };
+  try {
+    Wave wave = plan_wave(first);
+    while (wave.begin < last) {
+      const Wave next = wave.end < last ? plan_wave(wave.end) : Wave{last, last, 0};
+      if (queue != nullptr) queue->wait(wave.mark);
+      for (std::size_t g = wave.begin; g < wave.end; ++g) {
+        gather_factors(key_begin_[g], transpose_scratch, runs[g - first], staged[g - first]);
+        gather_labels(key_begin_[g], key_begin_[g + 1], transpose_scratch);
+      }
+      wave = next;
+    }
+  } catch (...) {
+    if (queue != nullptr) queue->clear();  // waits for every read still in flight into this batch or the staging
+    throw;
+  }
+  if (queue != nullptr) queue->clear();
 }
 
-// Factor windows of one key, in order of first row (order_[begin, end)); nearby windows are fetched together.
-void Gather::gather_factors(std::size_t begin, std::size_t end, std::vector<std::byte>& scratch) const {
+// The runs of one key's factor windows (order_[begin, end), in order of first row): nearby windows read together.
+std::vector<Run> Gather::factor_runs(std::size_t begin, std::size_t end) const {
+  const ArraySource& factor = (*in_.factors)[sample_at(order_[begin]).key];
+  const std::int64_t rows = factor.rows();
+  auto clip = [&](__int128 r) { return static_cast<std::int64_t>(std::clamp<__int128>(r, 0, rows)); };
+  std::vector<RowRange> ranges(end - begin);
+  for (std::size_t k = begin; k < end; ++k) {
+    const Sample& s = sample_at(order_[k]);
+    // Window ends in 128 bits (feature_index may be any int64 under bounds='pad'), clipped to the array.
+    ranges[k - begin] = {clip(static_cast<__int128>(s.feature) - in_.window + 1),
+                         clip(static_cast<__int128>(s.feature) + 1)};
+  }
+  const bool in_memory = factor.reader->view() != nullptr;
+  return merge_runs(ranges, factor.row_elems() * factor.header().itemsize, in_memory ? UINT64_MAX : kMergeGapBytes,
+                    in_memory ? UINT64_MAX : kMaxSpanBytes);
+}
+
+std::uint64_t Gather::queue_factor_reads(std::size_t begin, const std::vector<Run>& runs, ReadQueue& queue,
+                                         std::vector<const std::byte*>& staged) const {
+  const ArraySource& factor = (*in_.factors)[sample_at(order_[begin]).key];
+  const ArrayReader& reader = *factor.reader;
+  const std::uint64_t row_bytes = factor.row_elems() * factor.header().itemsize;
+  const std::uint64_t x_row_out = in_.transform->x().out_elems() * in_.out_size;
+  const bool in_place = windows_in_place(factor, in_.transform->x(), in_.out_size);
+  std::uint64_t staged_bytes = 0;
+  staged.assign(runs.size(), nullptr);
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const Run& run = runs[i];
+    if (run.end_row <= run.first) continue;
+    const std::uint64_t offset = static_cast<std::uint64_t>(run.first) * row_bytes;
+    const std::uint64_t bytes = static_cast<std::uint64_t>(run.end_row - run.first) * row_bytes;
+    if (in_place && run.end == run.begin + 1 && run.end_row - run.first == in_.window) {
+      const std::uint32_t pos = order_[begin + run.begin];
+      std::byte* out = x_ + static_cast<std::uint64_t>(pos) * static_cast<std::uint64_t>(in_.window) * x_row_out;
+      reader.read_queued(queue, offset, bytes, out);
+      staged[i] = out;
+    } else {
+      staged[i] = reader.fetch_queued(queue, offset, bytes);
+      staged_bytes += bytes;
+    }
+  }
+  return staged_bytes;
+}
+
+// Factor windows of one key, in order of first row (order_[begin, end)), by run: fetched now, or already
+// where `staged` says (a queued read; for a window read in place, in the batch already).
+void Gather::gather_factors(std::size_t begin, std::vector<std::byte>& scratch, const std::vector<Run>& runs,
+                            const std::vector<const std::byte*>& staged) const {
   const ArraySource& factor = (*in_.factors)[sample_at(order_[begin]).key];
   const ArrayReader& reader = *factor.reader;
   const NpyHeader& h = factor.header();
@@ -193,37 +298,29 @@ void Gather::gather_factors(std::size_t begin, std::size_t end, std::vector<std:
   const RowTransform& t = in_.transform->x();
   const std::uint64_t src_row_bytes = factor.row_elems() * h.itemsize;
   const std::uint64_t x_row_out = t.out_elems() * in_.out_size;
-  // Window ends in 128 bits (feature_index may be any int64 under bounds='pad'), clipped to the array.
   auto clip = [&](__int128 r) { return static_cast<std::int64_t>(std::clamp<__int128>(r, 0, rows)); };
   auto window_first = [&](const Sample& s) { return static_cast<__int128>(s.feature) - window + 1; };
   auto window_end = [&](const Sample& s) { return static_cast<__int128>(s.feature) + 1; };
   auto out_of = [&](std::uint32_t pos) {
     return x_ + static_cast<std::uint64_t>(pos) * static_cast<std::uint64_t>(window) * x_row_out;
   };
-
-  std::vector<RowRange> ranges(end - begin);
-  for (std::size_t k = begin; k < end; ++k) {
-    const Sample& s = sample_at(order_[k]);
-    ranges[k - begin] = {clip(window_first(s)), clip(window_end(s))};
-  }
-  const bool in_memory = reader.view() != nullptr;
-  const std::uint64_t gap = in_memory ? UINT64_MAX : kMergeGapBytes;
-  const std::uint64_t span = in_memory ? UINT64_MAX : kMaxSpanBytes;
-  // One window stored exactly as the output wants it, from a reader that reads in place: straight into the batch
-  // (replaced and normalised there).
   const ScalarType& st = h.scalar;
-  const bool read_in_place = reader.reads_in_place() && !h.fortran_order && st.kind == 'f' && st.size == in_.out_size &&
-                             !st.swapped && !t.selects();
-  for (const Run& run : merge_runs(ranges, src_row_bytes, gap, span)) {
+  const bool read_in_place = windows_in_place(factor, t, in_.out_size);
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const Run& run = runs[i];
+    const std::byte* ready = staged.empty() ? nullptr : staged[i];
     if (read_in_place && run.end == run.begin + 1 && run.end_row - run.first == window) {
       std::byte* out = out_of(order_[begin + run.begin]);
-      reader.read(static_cast<std::uint64_t>(run.first) * src_row_bytes,
-                  static_cast<std::uint64_t>(window) * src_row_bytes, out);
+      if (ready == nullptr) {
+        reader.read(static_cast<std::uint64_t>(run.first) * src_row_bytes,
+                    static_cast<std::uint64_t>(window) * src_row_bytes, out);
+      }
       finish_rows(t, out, static_cast<std::uint64_t>(window));
       continue;
     }
-    const std::byte* rows_data =
-        run.end_row > run.first ? fetch_rows(factor, run.first, run.end_row, scratch, t) : nullptr;
+    const std::byte* rows_data = ready;
+    if (rows_data == nullptr && run.end_row > run.first)
+      rows_data = fetch_rows(factor, run.first, run.end_row, scratch, t);
     // The rows may be a mapping's pages: read them guarded (copy_guarded), with nothing allocated inside.
     const std::uint64_t run_offset = static_cast<std::uint64_t>(run.first) * src_row_bytes;
     const std::uint64_t run_bytes =

@@ -251,11 +251,17 @@ void WindowSource::finish_open() {
     apply_bounds();
   }
   std::size_t reads_in_flight = 1;
+  std::size_t queue_depth = 0;
   for (const auto* sources : {&factors_, &labels_}) {
-    for (const ArraySource& s : *sources)
+    for (const ArraySource& s : *sources) {
       reads_in_flight = std::max(reads_in_flight, s.reader->reads_in_flight_per_thread());
+      queue_depth = std::max(queue_depth, s.reader->queue_depth());
+    }
   }
-  gather_workers_ = reads_in_flight * options_.threads;
+  // Readers that queue their reads keep them in flight from one worker per thread (a work item of that many
+  // keys); the others get their reads in flight from more workers, each blocking in its read.
+  keys_per_item_ = std::max<std::size_t>(2 * queue_depth, 1);
+  gather_workers_ = (queue_depth > 0 ? 1 : reads_in_flight) * options_.threads;
   if (!keep_fds_) {
     // Every worker may open a file for its read (O_DIRECT: a buffered descriptor too, on a fallback): stay
     // within the descriptor budget whatever the thread count.
@@ -430,7 +436,14 @@ std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<st
   auto self = shared_from_this();  // the gather reads this source's arrays: keep them alive while it runs
   // Arrays in memory need no reads in flight (nor descriptors): one worker per thread.
   const std::size_t workers = arrays != nullptr ? options_.threads : gather_workers_;
-  return pool.start(gather->keys(), workers, [self, samples, gather](std::size_t k) { gather->run_key(k); });
+  // Queued reads: items of four waves of half the queue depth each, the next wave's reads in flight while one
+  // is converted (gather.cpp): between a half and a whole queue depth in flight per worker.
+  const std::size_t per_item = arrays != nullptr ? 1 : keys_per_item_;
+  gather->set_keys_per_wave(std::max<std::size_t>(per_item / 4, 1));
+  const std::size_t keys = gather->keys();
+  return pool.start((keys + per_item - 1) / per_item, workers, [self, samples, gather, per_item, keys](std::size_t i) {
+    gather->run_keys(i * per_item, std::min(keys, (i + 1) * per_item));
+  });
 }
 
 std::pair<WindowBatch, std::shared_ptr<Job>> WindowSource::start_batch(ThreadPool& pool,
