@@ -163,7 +163,7 @@ def test_the_dict_and_the_summary_follow_from_the_counters():
 def test_the_logger_counts_each_epoch_apart(ordered):
     src = _open(ordered)
     plan = src.plan(BATCH)
-    logger = nfs.StatsLogger(plan._stats_core().counts)
+    logger = nfs.StatsLogger(plan)
     per_epoch = []
     for epoch in range(3):
         logger.epoch_begin()

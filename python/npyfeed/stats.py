@@ -87,18 +87,27 @@ def summary(stats: dict, consumer: str = "the consumer") -> str:
 
 
 class StatsLogger:
-    """Per-epoch statistics of a pipeline for a training loop: call `epoch_begin` and `epoch_end` around each
-    epoch; `epoch_end` returns the epoch's stats dict (counted between the two calls).
+    """Per-epoch statistics of a pipeline for a training loop of one's own: call `epoch_begin` and `epoch_end`
+    around each epoch; `epoch_end` returns the epoch's stats dict (counted between the two calls).
 
     Parameters
     ----------
-    stats : callable
-        Returns the raw counters now (e.g. ``src._core.stats.counts`` ; the callbacks take a source, a plan, a
-        dataset of `npyfeed.tf.dataset` or an adapter and find it).
+    source
+        What to watch: a `WindowSource` (all its pipelines), a `Plan`, a `BatchIterator`, a dataset returned by
+        `npyfeed.tf.dataset`, or an adapter (`npyfeed.keras.PyDataset`, `npyfeed.torch.WindowDataset`).
+
+    Examples
+    --------
+    >>> logger = npyfeed.stats.StatsLogger(src)                       # doctest: +SKIP
+    >>> for epoch in range(3):                                        # doctest: +SKIP
+    ...     logger.epoch_begin()
+    ...     for x, y in src.batches(256, shuffle=True, epoch=epoch):
+    ...         train_step(x, y)
+    ...     print(npyfeed.stats.summary(logger.epoch_end()))
     """
 
-    def __init__(self, stats):
-        self._counts = stats
+    def __init__(self, source):
+        self._counts = raw_counts_of(source)
         self._before = None
 
     def epoch_begin(self) -> None:
@@ -142,7 +151,7 @@ class EpochStatsCallback:
 
     def __init__(self, source, *, verbose: int = 1):
         super().__init__()
-        self._logger = StatsLogger(raw_counts_of(source))
+        self._logger = StatsLogger(source)
         self.verbose = int(verbose)
         self.epochs: list = []
 
