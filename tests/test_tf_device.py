@@ -234,6 +234,7 @@ def test_blocks_over_the_device_budget_stream_each_block_once_per_epoch(tf, boun
     # The plan's statistics: what was uploaded, and the samples of both epochs' batches formed on the device.
     assert ds.stats()["device_bytes"] == on_device.uploaded_bytes
     assert ds.stats()["samples"] == 2 * len(src)
+    assert ds.stats()["batches"] == 2 * src.num_batches(BATCH)
 
 
 def test_streamed_blocks_resume_from_a_checkpoint(tf, tmp_path):

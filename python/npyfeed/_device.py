@@ -148,15 +148,15 @@ class DeviceGather:
         ids = self._plan._core.ids(int(epoch), int(batch))
         out = self._start_rows(ids, self.factor_first, self.label_first, self.y_zero_row)
         self.host_bytes_per_step = sum(a.nbytes for a in out)
-        self._count_batches(ids)
+        self._count_batch(ids)
         return out
 
     def _count_upload(self, nbytes: int) -> None:
         self.uploaded_bytes += nbytes
         self._plan._stats_core().uploaded(nbytes)
 
-    def _count_batches(self, ids) -> None:
-        """The plan's statistics count the samples whose start rows the host half made (formed on the device)."""
+    def _count_batch(self, ids) -> None:
+        """The plan's statistics count a batch whose start rows the host half made (formed on the device)."""
         self._plan._stats_core().served(len(ids), len(ids) * self.sample_bytes, 0, 0)
 
     def _start_rows(self, ids, factor_first, label_first, y_zero_row):
@@ -228,7 +228,8 @@ class DeviceGather:
         epoch, index = int(epoch), int(index)
         table, blocks = self.groups(epoch)
         first_batch, end_batch, first_block, last_block = (int(v) for v in table[index])
-        ids = np.concatenate([self._plan._core.ids(epoch, b) for b in range(first_batch, end_batch)])
+        batch_ids = [self._plan._core.ids(epoch, b) for b in range(first_batch, end_batch)]
+        ids = np.concatenate(batch_ids)
         if first_block == last_block:
             factors, labels, factor_first, label_first = self._block_rows(epoch, first_block, blocks)
             rows = self._start_rows(ids, factor_first, label_first, len(labels) - 1)
@@ -252,7 +253,8 @@ class DeviceGather:
             rows = (np.arange(n, dtype=np.int64) * self.window, np.zeros(n, np.int64),
                     np.full(n, self.window, np.int64), np.arange(n, dtype=np.int64))
         self._count_upload(factors.nbytes + labels.nbytes)
-        self._count_batches(ids)
+        for one in batch_ids:
+            self._count_batch(one)
         self.host_bytes_per_step = sum(a.nbytes for a in rows) // max(end_batch - first_batch, 1)
         return (factors, labels, *rows)
 
