@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import npyfeed
 import numpy as np
 import pytest
+from npyfeed._measure import evict
 
 MiB = 1 << 20
 FILES = 8
@@ -41,16 +42,6 @@ def big_dataset(tmp_path_factory, write_npy):
     return paths
 
 
-def _evict(paths) -> None:
-    """Drops the files' pages from the page cache, so the next read goes to the disk (best effort)."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def _check(arrays) -> None:
     assert len(arrays) == FILES
     for i, array in enumerate(arrays):
@@ -65,7 +56,7 @@ def _check(arrays) -> None:
 @pytest.mark.parametrize("mode", ["read", "direct", "mmap"])
 def test_other_python_threads_run_during_a_load(big_dataset, mode):
     npyfeed.load(big_dataset[0], mode=mode)  # warm-up: the first load imports numpy.lib.format (file IO)
-    _evict(big_dataset)
+    evict(big_dataset)  # the next read goes to the disk (best effort)
     counter = 0
     started = threading.Event()
     stop = threading.Event()
