@@ -270,12 +270,8 @@ class Bench:
         return Row(name, cache, samples_per_s=samples / elapsed, batches=n, seconds=elapsed, first_batch_s=first,
                    note=note)
 
-    def _fields(self, ids) -> tuple:
-        k, f, l = self.key_of(np.asarray(ids, dtype=np.int64))
-        return k, f, l
-
     def _lines(self, ids) -> list:
-        k, f, l = self._fields(ids)
+        k, f, l = self.key_of(ids)
         keys = self.keys
         return [f"{a},{b},{keys[c]}".encode() for a, b, c in zip(f.tolist(), l.tolist(), k.tolist())]
 
@@ -291,7 +287,7 @@ class Bench:
             yield np.stack(xs), np.stack(ys)
 
     def _dict_row(self) -> Row:
-        key_ids, _, _ = self._fields(self.order)
+        key_ids, _, _ = self.key_of(self.order)
         nkeys = len(self.keys)
         sizes = [os.path.getsize(self.files[k]) + os.path.getsize(self.files[nkeys + k]) for k in range(nkeys)]
         take = max(1, int(np.searchsorted(np.cumsum(sizes), DICT_BYTES, side="right")))
