@@ -13,11 +13,21 @@ npyfeed allocates). Beside them, measured in the same run: the **warm** in-RAM g
 in the page cache; over the first files that fit in a quarter of the memory available when the data set does
 not) and the disk's sequential O_DIRECT limit, also as samples/s (the limit divided by bytes per sample).
 
-Targets (issue 10, a data set >= 1.5x RAM): blocks cold >= 0.8x the warm rate; <= 1.1x the data set read per
-epoch, <= 3 kB/sample; private memory <= budget + 0.5 GiB; first batch <= 2 s.
+On a shared machine one run's ratio swings with what else runs: ``--rounds R`` runs the warm row and the blocks
+rows R times, in turn (warm, blocks direct, blocks mmap, warm, ...), each blocks row compared with the warm row
+of its own round; the table then gives each contender's median rate and its median and worst ratio over the
+rounds, with the load average of each round (the cold global rows, slow and far below, run in the first round
+only). ``--baseline DIR`` adds, in every round, the blocks rows of another npyfeed install (``pip install
+--no-build-isolation --no-deps --target DIR <checkout>``, imported with ``PYTHONPATH=DIR``): a before/after in
+one run. Each blocks row also reports the stream's statistics (``block_waits``: blocks the consumer waited for;
+``wait_fraction``) and the process's CPU seconds per 1k samples.
+
+Targets (issue 10, a data set >= 1.5x RAM): blocks cold >= 0.8x the warm rate (0.85x in every round, issue 30);
+<= 1.1x the data set read per epoch, <= 3 kB/sample; private memory <= budget + 0.5 GiB; first batch <= 2 s.
 
     python bench/bench_stream.py --files 1000                 # 4.9 GB, on a 24 GB box: cold, not > RAM
     python bench/bench_stream.py --files 7300 --seconds 120   # 35.9 GB: the issue's size (long to generate)
+    python bench/bench_stream.py --files 7300 --seconds 40 --rounds 5 --baseline /tmp/npyfeed-before
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -63,6 +74,7 @@ def child(cfg: dict) -> dict:
     sampler = threading.Thread(target=sample_memory, daemon=True)
     sampler.start()
     io0 = _read_bytes()
+    cpu0 = sum(os.times()[:2])
     t0 = time.perf_counter()
     src = npyfeed.WindowSource(cfg["index"], cfg["factor_dir"], cfg["label_dir"], cfg["window"], mode=cfg["mode"],
                                threads=cfg["threads"])
@@ -78,21 +90,31 @@ def child(cfg: dict) -> dict:
                 first = now - t1
             if samples >= cfg["samples"] or now - t1 >= cfg["seconds"]:
                 break
-    elapsed = time.perf_counter() - t1
+        elapsed = time.perf_counter() - t1
+        stats = it.stats()
+    cpu = sum(os.times()[:2]) - cpu0
     io = _read_bytes() - io0
     stop.set()
     sampler.join()
     return {"samples": samples, "samples_per_s": samples / elapsed, "first_batch_s": first, "open_s": t_open,
             "read_bytes_per_sample": io / max(samples, 1), "read_bytes": io, "peak_private": peak["private"],
-            "peak_anon": peak["anon"], "epoch_samples": len(src)}
+            "peak_anon": peak["anon"], "epoch_samples": len(src), "cpu_s": cpu, "npyfeed": npyfeed.__file__,
+            "stats": {k: stats[k] for k in ("wait_fraction", "gather_seconds", "blocks_read", "block_waits",
+                                            "block_read_seconds")}}
 
 
-def run_child(cfg: dict) -> dict:
+def run_child(cfg: dict, install: str | None = None) -> dict:
+    """One contender in a fresh process; with `install`, importing the npyfeed installed there."""
+    env = dict(os.environ)
+    if install:
+        env["PYTHONPATH"] = install
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], capture_output=True, text=True,
-                          timeout=cfg["seconds"] + 600)
+                          timeout=cfg["seconds"] + 600, env=env)
     if proc.returncode != 0:
         return {"error": proc.stderr[-2000:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["load_after"] = os.getloadavg()[0]
+    return result
 
 
 def subset_index(ds, keys: set, path: Path) -> None:
@@ -111,6 +133,10 @@ def main(argv=None) -> int:
     p.add_argument("--window", type=int, default=100)
     p.add_argument("--seconds", type=float, default=30.0, help="longest run per contender (default 30)")
     p.add_argument("--samples", type=int, default=10**9, help="most samples per contender")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds of the warm and blocks rows, in turn; the table gives median and worst (default 1)")
+    p.add_argument("--baseline", metavar="DIR", default=None,
+                   help="install folder of another npyfeed whose blocks rows run beside these in every round")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -146,13 +172,33 @@ def main(argv=None) -> int:
         warm_cfg["index"] = str(subset)
     warm_files = [f for f, k in zip(ds.factor_paths, ds.keys) if k in set(warm_keys)]
     warm_files += [f for f, k in zip(ds.label_paths, ds.keys) if k in set(warm_keys)]
-    common.warm(warm_files)
-    results = {"warm global mmap": run_child(warm_cfg)}
-    common.evict(warm_files)
-    for name, mode, shuffle in (("cold global mmap", "mmap", "global"), ("cold global read", "read", "global"),
-                                ("cold blocks direct", "direct", "blocks"), ("cold blocks mmap", "mmap", "blocks")):
-        common.evict(files)
-        results[name] = run_child(dict(base, mode=mode, shuffle=shuffle))
+    blocks_rows = [("cold blocks direct", "direct", None), ("cold blocks mmap", "mmap", None)]
+    if args.baseline:
+        blocks_rows += [(f"{name} (baseline)", mode, args.baseline) for name, mode, _ in blocks_rows]
+    rounds = []
+    for r in range(max(1, args.rounds)):
+        load = os.getloadavg()[0]
+        common.warm(warm_files)
+        this = {"warm global mmap": run_child(warm_cfg)}
+        common.evict(warm_files)
+        rows = [(name, mode, "blocks", install) for name, mode, install in blocks_rows]
+        if r % 2:  # alternate which build goes first
+            rows = rows[len(rows) // 2:] + rows[:len(rows) // 2] if args.baseline else rows
+        if r == 0:
+            rows = [("cold global mmap", "mmap", "global", None), ("cold global read", "read", "global", None)] + rows
+        for name, mode, shuffle, install in rows:
+            common.evict(files)
+            this[name] = run_child(dict(base, mode=mode, shuffle=shuffle), install)
+        rounds.append({"load_before": load, "load_after": os.getloadavg()[0], "results": this})
+        if args.rounds > 1:
+            print(f"round {r + 1}: load {load:.1f} -> {rounds[-1]['load_after']:.1f}; " + "; ".join(
+                f"{name} {_ratio(this, name):.2f}x" for name in this if "blocks" in name and _ratio(this, name)))
+    # Each contender's run at its median rate stands for it in the table (and the JSON's "results").
+    results = {}
+    for name in rounds[0]["results"]:
+        runs = [rd["results"][name] for rd in rounds if name in rd["results"] and "error" not in rd["results"][name]]
+        runs.sort(key=lambda x: x["samples_per_s"])
+        results[name] = runs[(len(runs) - 1) // 2] if runs else rounds[0]["results"][name]
 
     # Samples of the whole data set: the cold rows' (the warm row may run over a subset of the keys).
     samples = next((r["epoch_samples"] for name, r in results.items() if name.startswith("cold")
@@ -172,6 +218,21 @@ def main(argv=None) -> int:
                      f"{r['samples']}"])
     print(common.format_table(["contender", "k samples/s", "x warm", "first batch s", "kB read/sample",
                                "peak private MB", "peak anon MB", "samples"], rows))
+    ratios = {name: [x for x in (_ratio(rd["results"], name) for rd in rounds if name in rd["results"]) if x]
+              for name in results if "blocks" in name}
+    rows = []
+    for name, rs in ratios.items():
+        r = results[name]
+        st = r.get("stats", {})
+        rows.append([name, len(rs), common.fmt(statistics.median(rs) if rs else None, ".2f"),
+                     common.fmt(min(rs) if rs else None, ".2f"), " ".join(f"{x:.2f}" for x in rs),
+                     common.fmt(r.get("cpu_s", 0) / max(r.get("samples", 0), 1) * 1e3 * 1e3, ".0f"),
+                     f"{st.get('block_waits', '-')}/{st.get('blocks_read', '-')}",
+                     common.fmt(st.get("wait_fraction"), ".3f")])
+    print(common.format_table(["blocks contender", "rounds", "x warm median", "x warm worst", "per round",
+                               "CPU ms/1k samples", "block waits/read", "wait fraction"], rows))
+    print("load average per round: " + ", ".join(f"{rd['load_before']:.1f}-{rd['load_after']:.1f}"
+                                                   for rd in rounds))
     print(f"limits: disk sequential (O_DIRECT) {common.fmt(seq, '.2f')} GB/s = "
           f"{common.fmt(limit_sps / 1e3 if limit_sps else None, '.0f')} k samples/s at {per_sample / 1e3:.1f} kB of "
           f"files per sample; warm set {len(warm_keys)} of {len(ds.keys)} keys")
@@ -180,8 +241,17 @@ def main(argv=None) -> int:
     if args.json:
         common.write_json(args.json, {"command": " ".join(sys.argv), "machine": common.machine_info(),
                                       "data_bytes": data_bytes, "available": avail, "budget": budget,
-                                      "limits_gbps": {"odirect_seq": seq}, "results": results})
+                                      "limits_gbps": {"odirect_seq": seq}, "results": results,
+                                      "rounds": rounds, "ratios": ratios, "baseline": args.baseline})
     return 0
+
+
+def _ratio(results: dict, name: str) -> float | None:
+    """`name`'s rate over the warm rate of the same round."""
+    warm, r = results.get("warm global mmap", {}), results.get(name, {})
+    if "samples_per_s" not in warm or "samples_per_s" not in r:
+        return None
+    return r["samples_per_s"] / warm["samples_per_s"]
 
 
 def _available() -> int:

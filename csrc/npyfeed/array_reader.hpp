@@ -111,6 +111,10 @@ class ArrayReader {
   /// Faults data bytes [offset, offset + length) of a mapping in now. A no-op for other readers.
   /// Throws NpyFormatError where the file shrank below the range.
   virtual void populate(std::uint64_t offset, std::uint64_t length) const;
+  /// Maps the pages of data bytes [offset, offset + length) that are in the page cache already into this
+  /// process (a mapping; see MappedFile::populate_cached): reads nothing, never throws. Returns the bytes
+  /// mapped; 0 for other readers.
+  virtual std::uint64_t populate_cached(std::uint64_t offset, std::uint64_t length) const noexcept;
   /// Asks the kernel to read data bytes [offset, offset + length) ahead, in the background. Advisory.
   virtual void will_need(std::uint64_t offset, std::uint64_t length) const;
   /// Whether data byte `offset` is in the page cache; true when unknown or when reads bypass the cache.

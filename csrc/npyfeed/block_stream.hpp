@@ -1,6 +1,7 @@
 // shuffle="blocks": an epoch read block by block (block_order.hpp). Each block's files are read whole, with
-// large sequential reads, into owned memory ahead of use on the thread pool; batches are then gathered from
-// memory; a block's memory goes once its last batch is gathered. Data sets larger than RAM are read once per
+// large sequential reads, several in flight, into owned memory ahead of use, on the pool for device waits
+// (shared_io_pool: the gathers' workers never wait in a block read); batches are then gathered from memory on
+// the compute pool; a block's memory goes once its last batch is gathered. Data sets larger than RAM are read once per
 // epoch, sequentially, instead of one random read per sample.
 #pragma once
 

@@ -101,4 +101,10 @@ class ThreadPool {
 /// so interpreter exit with work in flight cannot join a thread that waits for the GIL.
 ThreadPool& shared_pool(std::size_t min_threads = 0, const Placement& placement = {});
 
+/// The process-wide pool for jobs that mostly wait on the device (shuffle="blocks" reads whole files), one per
+/// placement and placed as shared_pool's, but apart from it: shared_pool hands its workers to jobs first come,
+/// first served, so a job of long reads there would hold every worker a gather needs until its reads end.
+/// Grows, forks and lives as shared_pool does.
+ThreadPool& shared_io_pool(std::size_t min_threads = 0, const Placement& placement = {});
+
 }  // namespace npyfeed

@@ -105,6 +105,9 @@ class MappedReader final : public ArrayReader {
   void will_need(std::uint64_t offset, std::uint64_t length) const override {
     mapping_->will_need(header_.data_offset + offset, length);
   }
+  std::uint64_t populate_cached(std::uint64_t offset, std::uint64_t length) const noexcept override {
+    return mapping_->populate_cached(header_.data_offset + offset, length);
+  }
   bool probably_cached(std::uint64_t offset) const override {
     if (mapping_->data() == nullptr) return true;
     static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
@@ -455,6 +458,8 @@ void ArrayReader::fill(const Destination& dest, std::uint64_t offset, std::uint6
 void ArrayReader::populate(std::uint64_t, std::uint64_t) const {}
 
 void ArrayReader::will_need(std::uint64_t, std::uint64_t) const {}
+
+std::uint64_t ArrayReader::populate_cached(std::uint64_t, std::uint64_t) const noexcept { return 0; }
 
 bool ArrayReader::probably_cached(std::uint64_t) const { return true; }
 

@@ -133,7 +133,9 @@ void BlockStream::start_load(std::size_t index) {
   std::vector<std::int64_t>* order = samples.get();
   // The stats count each key's reads as they finish, and the block once its last key's are done.
   auto keys_left = std::make_shared<std::atomic<std::size_t>>(keys);
-  auto job = shared_pool(0, source.options().placement)
+  // On the pool for device waits, not the gathers' pool: its workers would all wait in these reads (a block
+  // takes seconds) while the gathers of the block being consumed queue behind them.
+  auto job = shared_io_pool(0, source.options().placement)
                  .start(keys + 1, std::max<std::size_t>(source.options().threads, 4),
                         [source_ptr, plan_ptr, by_key, out, order, index, keys, mode, stats = stats_,
                          keys_left](std::size_t item) {

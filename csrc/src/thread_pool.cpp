@@ -151,7 +151,12 @@ void ThreadPool::run(std::size_t count, std::size_t max_workers, std::function<v
 
 namespace {
 std::mutex g_pool_mutex;
-std::map<Placement, ThreadPool*>* g_pools = nullptr;  // one per placement; leaked, as the pools are
+// One pool per placement, for compute and for device waits apart; leaked, as the pools are.
+struct Pools {
+  std::map<Placement, ThreadPool*> compute;
+  std::map<Placement, ThreadPool*> io;
+};
+Pools* g_pools = nullptr;
 pid_t g_pool_pid = 0;
 
 // fork() while another thread holds g_pool_mutex would leave it locked forever in the child: hold it
@@ -162,27 +167,37 @@ const bool g_atfork_registered = [] {
   pthread_atfork(lock_before_fork, unlock_after_fork, unlock_after_fork);
   return true;
 }();
-}  // namespace
 
-ThreadPool& shared_pool(std::size_t min_threads, const Placement& placement) {
+ThreadPool& pool_of(std::map<Placement, ThreadPool*> Pools::* kind, std::size_t min_threads,
+                    const Placement& placement) {
   std::lock_guard lock(g_pool_mutex);
   if (g_pools == nullptr || g_pool_pid != ::getpid()) {
     // In a forked child the old pools' threads are gone and their mutexes may be held forever: abandon them.
-    g_pools = new std::map<Placement, ThreadPool*>();
+    g_pools = new Pools();
     g_pool_pid = ::getpid();
   }
-  ThreadPool*& pool = (*g_pools)[placement];
+  std::map<Placement, ThreadPool*>& pools = g_pools->*kind;
+  ThreadPool*& pool = pools[placement];
   if (pool == nullptr) {
     try {
       if (!placement.empty()) check_placement(placement);
     } catch (...) {
-      g_pools->erase(placement);
+      pools.erase(placement);
       throw;
     }
     pool = new ThreadPool(0, placement);
   }
   pool->ensure_size(min_threads);
   return *pool;
+}
+}  // namespace
+
+ThreadPool& shared_pool(std::size_t min_threads, const Placement& placement) {
+  return pool_of(&Pools::compute, min_threads, placement);
+}
+
+ThreadPool& shared_io_pool(std::size_t min_threads, const Placement& placement) {
+  return pool_of(&Pools::io, min_threads, placement);
 }
 
 }  // namespace npyfeed

@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -132,5 +135,50 @@ TEST_CASE("block stream: a file deleted or truncated after open is an error nami
       CHECK(thrown);
       stream.close();
     }
+  }
+}
+
+TEST_CASE("block stream: block reads do not wait for the gathers' workers") {
+  // Reads run on shared_io_pool, so that a block read (seconds on a large block) never holds the workers that
+  // gather the batches of the block before it. Here every worker of the gathers' pool is held, with more of
+  // its jobs queued behind: the block read finishes all the same.
+  TempDir dir;
+  const Files files = write_files(dir);
+  for (ReadMode mode : {ReadMode::kRead, ReadMode::kDirect}) {
+    auto source = open_source(files, mode);
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool open = false;
+    std::size_t arrived = 0;
+    ThreadPool& gathers = shared_pool(0, source->options().placement);
+    const std::size_t held = std::max<std::size_t>(gathers.size(), 8);
+    auto holding = gathers.start(held, held, [&](std::size_t) {
+      std::unique_lock lock(mutex);
+      ++arrived;
+      changed.notify_all();
+      changed.wait(lock, [&] { return open; });
+    });
+    {
+      std::unique_lock lock(mutex);
+      changed.wait(lock, [&] { return arrived == held; });
+    }
+    BlockStream stream = make_stream(source, std::uint64_t{1} << 30, 3, 1, 1, 0, 7, false, 2, 0);
+    const std::uint64_t before = source->stats()->counts().blocks_read;
+    REQUIRE(stream.next_job() != nullptr);  // starts the first block's read (then its first gather, held)
+    bool read = false;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!read && std::chrono::steady_clock::now() < give_up) {
+      read = source->stats()->counts().blocks_read > before;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    {
+      std::lock_guard lock(mutex);
+      open = true;
+    }
+    changed.notify_all();
+    holding->wait();
+    CHECK(read);
+    while (stream.next_job() != nullptr) stream.take();
+    stream.close();
   }
 }

@@ -273,6 +273,25 @@ TEST_CASE("shared_pool grows and is one pool") {
   CHECK_EQ(n.load(), 50);
 }
 
+TEST_CASE("shared_io_pool is apart from shared_pool: jobs that hold every worker of one leave the other free") {
+  ThreadPool& compute = shared_pool(2);
+  ThreadPool& io = shared_io_pool(2);
+  CHECK(&compute != &io);
+  CHECK(&io == &shared_io_pool(3));  // one pool, grown
+  CHECK(io.size() >= 3u);
+  // Every worker of the io pool waits (as in long reads), and more runners queue behind them.
+  Gate gate;
+  const std::size_t held = io.size() + 2;
+  auto waiting = io.start(held, held, [&](std::size_t) { gate.arrive_and_wait(); });
+  gate.wait_for_arrivals(static_cast<int>(held));
+  std::atomic<int> n{0};
+  compute.run(50, 2, [&](std::size_t) { n.fetch_add(1); });  // the compute pool is not held
+  CHECK_EQ(n.load(), 50);
+  gate.open();
+  waiting->wait();
+  CHECK_EQ(waiting->items_done(), held);
+}
+
 TEST_CASE("a forked child gets a working shared_pool") {
   // The parent's pool has running threads; in the child they do not exist.
   ThreadPool& parent = shared_pool(4);
