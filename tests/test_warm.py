@@ -17,18 +17,14 @@ import textwrap
 import npyfeed
 import numpy as np
 import pytest
+from npyfeed import _measure
 from npyfeed.cli import main as cli_main
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def _evict(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    _measure.evict([path])
 
 
 def _resident_pages(path) -> tuple:

@@ -31,6 +31,12 @@ class MappedFile {
   void populate(std::uint64_t offset, std::uint64_t length) const;
   /// Asks the kernel to start reading [offset, offset + length) in the background (MADV_WILLNEED); returns at once.
   void will_need(std::uint64_t offset, std::uint64_t length) const;
+  /// Maps into this process's page tables the pages of [offset, offset + length) that are in the page cache
+  /// already (asked with mincore, mapped in runs with MADV_POPULATE_READ), so that the first reads of them
+  /// take no page fault. Reads nothing from the disk (but a page evicted between the two calls) and never
+  /// throws: it stops early where the kernel lacks MADV_POPULATE_READ (< 5.14) or the file shrank (a read of
+  /// the lost pages reports that, guarded). Returns the bytes of the pages mapped.
+  std::uint64_t populate_cached(std::uint64_t offset, std::uint64_t length) const noexcept;
 
  private:
   MappedFile(const std::byte* data, std::uint64_t size) : data_(data), size_(size) {}

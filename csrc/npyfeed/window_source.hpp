@@ -70,6 +70,8 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   /// Throws InvalidArgument for a window below 1, an output size other than 4 or 8, threads of 0, or (dense) a
   /// stride below 1 or a horizon below 0.
   WindowSource(SampleIndex index, WindowOptions options);
+  /// Stops the background populate (start_populate) at its next step.
+  ~WindowSource();
 
   /// File sources: paths per key (same order as index keys). Opening runs as a job (headers, maps);
   /// call finish_open() after it finished.
@@ -138,7 +140,8 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
  private:
   void open_key(std::size_t key, const std::string& factor_path, const std::string& label_path);
   ArraySource open_file(const std::string& path, bool label) const;
-  void apply_bounds();  // the index pass of finish_open (samples from an index)
+  void apply_bounds();                    // the index pass of finish_open (samples from an index)
+  void start_populate(ThreadPool& pool);  // once, at the first gather: see window_source.cpp
   std::uint64_t index_position(std::size_t sample) const;
   std::shared_ptr<ArrayReader> open_npz(const std::string& path) const;
 
@@ -165,6 +168,9 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::size_t keys_per_item_ = 1;   // keys per gather work item: twice the readers' queue depth, else 1
   mutable std::atomic<std::uint64_t> npz_memory_{0};  // bytes of .npz members held in memory
   bool reads_files_ = false;
+  bool populate_ = false;  // mmap, a mapping per file, NPYFEED_POPULATE not "0"
+  std::atomic<bool> populate_started_{false};
+  std::shared_ptr<std::atomic<bool>> populate_stop_ = std::make_shared<std::atomic<bool>>(false);
   std::vector<std::uint8_t> in_archive_;  // per key: bit 0 factor, bit 1 label opened as a member of a .npz
   std::shared_ptr<PipelineStats> stats_ = std::make_shared<PipelineStats>();
 };

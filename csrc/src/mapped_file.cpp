@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "npyfeed/errors.hpp"
@@ -63,6 +64,36 @@ void MappedFile::will_need(std::uint64_t offset, std::uint64_t length) const {
   static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
   std::uint64_t start = offset / page * page;
   ::madvise(const_cast<std::byte*>(data_) + start, offset + length - start, MADV_WILLNEED);  // advisory only
+}
+
+std::uint64_t MappedFile::populate_cached(std::uint64_t offset, std::uint64_t length) const noexcept {
+  if (data_ == nullptr || offset >= size_) return 0;
+  static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  // mincore in steps of this many pages: its vector stays small, and a step's look is fresh when mapped.
+  constexpr std::uint64_t kStepPages = 512;
+  const std::uint64_t begin = offset / page;
+  const std::uint64_t end = (std::min(offset + length, size_) + page - 1) / page;
+  unsigned char resident[kStepPages];
+  std::uint64_t mapped = 0;
+  for (std::uint64_t step = begin; step < end; step += kStepPages) {
+    const std::uint64_t pages = std::min(kStepPages, end - step);
+    std::byte* at = const_cast<std::byte*>(data_) + step * page;
+    if (::mincore(at, pages * page, resident) != 0) return mapped;
+    for (std::uint64_t i = 0; i < pages;) {
+      if ((resident[i] & 1) == 0) {
+        ++i;
+        continue;
+      }
+      std::uint64_t j = i + 1;
+      while (j < pages && (resident[j] & 1) != 0) ++j;
+      // EINVAL: no MADV_POPULATE_READ (touching the pages here would only move the faults); EFAULT: the file
+      // shrank (the gather's guarded read reports it); ENOMEM: the mapping went away. Stop on any of them.
+      if (::madvise(at + i * page, (j - i) * page, MADV_POPULATE_READ) != 0) return mapped;
+      mapped += (j - i) * page;
+      i = j;
+    }
+  }
+  return mapped;
 }
 
 }  // namespace npyfeed

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
+#include <string_view>
 
 #include "npyfeed/detail/convert.hpp"
 #include "npyfeed/errors.hpp"
@@ -44,7 +46,19 @@ std::string int128_text(__int128 v) {
 
 bool fds_fit(std::size_t wanted) { return wanted + 64 <= descriptor_budget(); }
 
+// The background populate (WindowSource::start_populate) maps at most this share of physical memory per source,
+// in steps of kPopulateStepBytes (one work item each).
+constexpr std::uint64_t kPopulateMemoryDivisor = 4;
+constexpr std::uint64_t kPopulateStepBytes = 8u << 20;
+
+bool populate_enabled() {
+  const char* env = std::getenv("NPYFEED_POPULATE");
+  return env == nullptr || std::string_view(env) != "0";
+}
+
 }  // namespace
+
+WindowSource::~WindowSource() { populate_stop_->store(true, std::memory_order_relaxed); }
 
 WindowSource::WindowSource(SampleIndex index, WindowOptions options)
     : index_(std::move(index)), options_(options), window_(options.window) {
@@ -261,6 +275,7 @@ void WindowSource::finish_open() {
   // Readers that queue their reads keep them in flight from one worker per thread (a work item of that many
   // keys); the others get their reads in flight from more workers, each blocking in its read.
   keys_per_item_ = std::max<std::size_t>(2 * queue_depth, 1);
+  populate_ = reads_files_ && options_.mode == ReadMode::kMmap && !mappings_ && populate_enabled();
   gather_workers_ = (queue_depth > 0 ? 1 : reads_in_flight) * options_.threads;
   if (!keep_fds_) {
     // Every worker may open a file for its read (O_DIRECT: a buffered descriptor too, on a fallback): stay
@@ -441,8 +456,42 @@ std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<st
   const std::size_t per_item = arrays != nullptr ? 1 : keys_per_item_;
   gather->set_keys_per_wave(std::max<std::size_t>(per_item / 4, 1));
   const std::size_t keys = gather->keys();
-  return pool.start((keys + per_item - 1) / per_item, workers, [self, samples, gather, per_item, keys](std::size_t i) {
-    gather->run_keys(i * per_item, std::min(keys, (i + 1) * per_item));
+  auto job =
+      pool.start((keys + per_item - 1) / per_item, workers, [self, samples, gather, per_item, keys](std::size_t i) {
+        gather->run_keys(i * per_item, std::min(keys, (i + 1) * per_item));
+      });
+  if (arrays == nullptr && populate_ && !populate_started_.exchange(true)) start_populate(pool);
+  return job;
+}
+
+// A first pass over mapped files pays a minor page fault per few pages it touches, even when every page is
+// in the page cache: this process's page tables start empty. At the first gather (queued behind it, so the
+// first batch is not kept waiting), one pool worker maps the cached pages of every file ahead of the gather
+// (MappedFile::populate_cached): a mincore look and one MADV_POPULATE_READ per run of cached pages, far
+// cheaper than the faults. It reads nothing from the disk, so a data set larger than RAM is mapped only
+// where it is cached, and it stops after a quarter of physical memory, or when the source is destroyed.
+void WindowSource::start_populate(ThreadPool& pool) {
+  struct Step {
+    std::weak_ptr<const ArrayReader> reader;  // the source owns its readers: a closed one unmaps at once
+    std::uint64_t offset, length;
+  };
+  auto steps = std::make_shared<std::vector<Step>>();
+  for (std::size_t k = 0; k < factors_.size(); ++k) {
+    for (const ArraySource* s : {&factors_[k], &labels_[k]}) {
+      if (!s->reader || s->reader->view() == nullptr) continue;  // nothing mapped (or an empty file)
+      const std::uint64_t nbytes = s->header().nbytes;
+      for (std::uint64_t at = 0; at < nbytes; at += kPopulateStepBytes)
+        steps->push_back({s->reader, at, std::min(kPopulateStepBytes, nbytes - at)});
+    }
+  }
+  if (steps->empty()) return;
+  const std::uint64_t budget = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                               static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) / kPopulateMemoryDivisor;
+  auto mapped = std::make_shared<std::uint64_t>(0);  // one worker: no other thread touches it
+  pool.start(steps->size(), 1, [steps, mapped, budget, stop = populate_stop_](std::size_t i) {
+    if (stop->load(std::memory_order_relaxed) || *mapped >= budget) return;
+    const Step& step = (*steps)[i];
+    if (auto reader = step.reader.lock()) *mapped += reader->populate_cached(step.offset, step.length);
   });
 }
 

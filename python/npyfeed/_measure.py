@@ -27,10 +27,12 @@ DIRECT_ALIGN = 4096  # O_DIRECT alignment used by the limit probes (what every L
 
 
 def evict(paths: Iterable[str]) -> None:
-    """Drop `paths` from the page cache. Pages still mapped by a live mapping stay: release arrays first."""
+    """Drop `paths` from the page cache (written back first: dirty pages of a file just written would stay). Pages
+    still mapped by a live mapping stay: release arrays first."""
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
+            os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
