@@ -419,3 +419,126 @@ def test_keras_fit(tf, streamed):
     model.compile("sgd", "mse")
     history = model.fit(ds, epochs=2, verbose=0, shuffle=False)
     assert len(history.history["loss"]) == 2 and np.isfinite(history.history["loss"]).all()
+
+
+# -- The GPU memory probe (no GPU here: a fake CUDA runtime and fake TensorFlow allocator facts) ----------------
+
+class _FakeCudart:
+    """libcudart's cudaGetDevice/cudaSetDevice/cudaMemGetInfo over per-device (free, total), recording calls."""
+
+    def __init__(self, memory, current=0):
+        self.memory = memory
+        self.current = current
+        self.calls = []
+
+    def cudaGetDevice(self, out):  # noqa: N802 - CUDA's names
+        self.calls.append(("get",))
+        out._obj.value = self.current
+        return 0
+
+    def cudaSetDevice(self, device):  # noqa: N802
+        self.calls.append(("set", device))
+        if not 0 <= device < len(self.memory):
+            return 101  # cudaErrorInvalidDevice
+        self.current = device
+        return 0
+
+    def cudaMemGetInfo(self, free, total):  # noqa: N802
+        self.calls.append(("info", self.current))
+        free._obj.value, total._obj.value = self.memory[self.current]
+        return 0
+
+
+GIB = 1 << 30
+
+
+@pytest.fixture
+def fake_gpus(tf, monkeypatch):
+    """Two GPUs as TensorFlow and the CUDA runtime would describe them; returns (cudart, settings)."""
+    from npyfeed import _device
+
+    cudart = _FakeCudart([(1 * GIB, 80 * GIB), (2 * GIB, 80 * GIB)], current=0)
+    settings = {"growth": False, "configs": {}, "in_use": {0: 5 * GIB, 1: 3 * GIB}}
+    physical = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(2)]
+    monkeypatch.setattr(_device, "_cudart", lambda: cudart)
+    settings["visible"] = physical
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: physical if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind=None: settings["visible"])
+    monkeypatch.setattr(tf.config, "get_logical_device_configuration",
+                        lambda gpu: settings["configs"].get(gpu.name))
+    monkeypatch.setattr(tf.config.experimental, "get_memory_growth", lambda gpu: settings["growth"])
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info",
+                        lambda name: {"current": settings["in_use"][int(name.split(":")[-1])], "peak": 0})
+    monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
+    return cudart, settings
+
+
+def test_the_probe_does_not_change_the_current_device(fake_gpus):
+    from npyfeed._device import device_free_bytes
+
+    cudart, _ = fake_gpus
+    cudart.current = 0
+    device_free_bytes("/gpu:1")
+    assert cudart.calls == [("get",), ("set", 1), ("info", 1), ("set", 0)]
+    assert cudart.current == 0  # restored
+    cudart.calls.clear()
+    device_free_bytes("/gpu:0")  # already current: never switched
+    assert cudart.calls == [("get",), ("info", 0)]
+    assert cudart.current == 0
+
+
+def test_tensorflow_pool_counts_as_available(fake_gpus, monkeypatch):
+    from npyfeed._device import device_free_bytes
+
+    cudart, settings = fake_gpus
+    # TensorFlow's default: its pool took nearly all of GPU 1 (CUDA reports 2 GiB free of 80); its tensors use 3.
+    assert device_free_bytes("/gpu:1") == 77 * GIB
+    # Memory growth: TensorFlow takes from the device as it needs; what is free on the device is what is left.
+    settings["growth"] = True
+    assert device_free_bytes("/gpu:1") == 2 * GIB
+    settings["growth"] = False
+    monkeypatch.setenv("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    assert device_free_bytes("/gpu:1") == 2 * GIB
+    monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH")
+    # A memory limit: TensorFlow's pool is at most that, whatever the device has free.
+    import tensorflow as tf
+
+    settings["configs"]["/physical_device:GPU:1"] = [tf.config.LogicalDeviceConfiguration(memory_limit=10 * 1024)]
+    assert device_free_bytes("/gpu:1") == 7 * GIB
+    assert cudart.current == 0
+
+
+def test_logical_devices_map_to_their_gpu(fake_gpus):
+    """Two logical devices on GPU 0 (each with its limit): logical GPU 2 is physical GPU 1."""
+    import tensorflow as tf
+    from npyfeed._device import device_free_bytes
+
+    cudart, settings = fake_gpus
+    settings["configs"]["/physical_device:GPU:0"] = [tf.config.LogicalDeviceConfiguration(memory_limit=4096)] * 2
+    settings["in_use"] = {0: 1 * GIB, 1: 0, 2: 3 * GIB}
+    assert device_free_bytes("/gpu:1") == 4 * GIB
+    cudart.calls.clear()
+    assert device_free_bytes("/gpu:2") == 77 * GIB
+    assert ("set", 1) in cudart.calls and cudart.current == 0
+    assert device_free_bytes("/gpu:3") is None  # no such logical device
+
+
+def test_the_rule(tf):
+    from npyfeed._device import tensorflow_free_bytes
+
+    assert tensorflow_free_bytes(1 * GIB, 80 * GIB, 5 * GIB, growth=False, limit=None) == 75 * GIB
+    assert tensorflow_free_bytes(60 * GIB, 80 * GIB, 0, growth=False, limit=None) == 80 * GIB  # pool not taken yet
+    assert tensorflow_free_bytes(1 * GIB, 80 * GIB, 5 * GIB, growth=True, limit=None) == 1 * GIB
+    assert tensorflow_free_bytes(1 * GIB, 80 * GIB, 5 * GIB, growth=True, limit=4 * GIB) == 0
+
+
+def test_a_hidden_gpu_is_skipped(fake_gpus):
+    """tf.config.set_visible_devices hides GPU 0: logical GPU 0 is CUDA device 1."""
+    from npyfeed._device import device_free_bytes
+
+    cudart, settings = fake_gpus
+    settings["visible"] = settings["visible"][1:]
+    settings["growth"] = True
+    assert device_free_bytes("/gpu:0") == 2 * GIB  # GPU 1's free memory
+    assert ("set", 1) in cudart.calls and cudart.current == 0
+    assert device_free_bytes("/gpu:1") is None

@@ -12,10 +12,20 @@
 #include "npyfeed/block_order.hpp"
 #include "npyfeed/block_stream.hpp"
 #include "npyfeed/epoch_plan.hpp"
+#include "npyfeed/errors.hpp"
 
 namespace npyfeed::bindings {
 
 namespace {
+
+// npyfeed.ClosedError: a call that waited for a batch when another thread closed what it waited on (the iterator,
+// or the plan's read-ahead). One outcome for every consumer; never KeyboardInterrupt, which is Ctrl-C's.
+py::handle closed_error_type;
+
+[[noreturn]] void raise_closed(const char* message) {
+  PyErr_SetString(closed_error_type.ptr(), message);
+  throw py::error_already_set();
+}
 
 // An epoch's stream of batches (EpochPlan::stream) as a Python iterator.
 class PyStream {
@@ -38,7 +48,11 @@ class PyStream {
     if (!job) throw py::stop_iteration();
     wait_in_slices(*job);
     WindowBatch batch = without_gil([&] { return stream_->take(); });
-    if (!batch.x) throw py::stop_iteration();  // closed by another thread while we waited
+    if (!batch.x) {  // closed by another thread while we waited
+      raise_closed(
+          "npyfeed: the iterator was closed (BatchIterator.close() from another thread) while next() "
+          "waited for its batch");
+    }
     plan_->stats()->waited(asked, PipelineStats::now_ns());
     return wrap_window_batch(plan_->source(), batch);
   }
@@ -57,6 +71,13 @@ class PyStream {
 }  // namespace
 
 void bind_plans(py::module_& m) {
+  closed_error_type = *new py::exception<Cancelled>(m, "ClosedError", PyExc_RuntimeError);
+  closed_error_type.attr("__doc__") =
+      "A read that was waiting for its batch when another thread closed what it waited on: ``next()`` of a "
+      "`BatchIterator` (`BatchIterator.close`), `Plan.take` (`Plan.close`), and so the framework adapters that read "
+      "through them. A ``RuntimeError``. A read that starts after ``close()`` finds an iterator exhausted "
+      "(``StopIteration``), and `Plan.take` starts a new stream.";
+
   // Live counters: raw integers (nanoseconds, bytes); npyfeed.stats turns them into the public dict.
   py::class_<PipelineStats, std::shared_ptr<PipelineStats>>(m, "PipelineStats")
       .def("counts",
@@ -161,7 +182,14 @@ void bind_plans(py::module_& m) {
                  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
                };
              }
-             WindowBatch b = without_gil([&] { return p.take(epoch, batch, check_signals); });
+             WindowBatch b;
+             try {
+               b = without_gil([&] { return p.take(epoch, batch, check_signals); });
+             } catch (const Cancelled&) {
+               raise_closed(
+                   "npyfeed: the plan was closed (Plan.close() from another thread) while take() waited "
+                   "for its batch");
+             }
              return wrap_window_batch(p.source(), b);
            })
       .def("stream",

@@ -41,8 +41,20 @@ def non_negative(value, name: str) -> int:
 
 
 def u64(value, name: str) -> int:
-    """A seed or an epoch: an integer in [0, 2**64)."""
+    """A seed: an integer in [0, 2**64)."""
     return integer(value, name, 0, 2**64, what="an integer in [0, 2**64)")
+
+
+#: Epochs are integers in ``[0, EPOCH_LIMIT)`` at every entry point (the plan, its iterators, the framework
+#: adapters, ``npyfeed.tf.dataset``). The plan itself could count to 2**64, but TensorFlow counts epochs in an
+#: int64 range (``repeat()`` forever is the range ``[epoch, 2**62)``): one range everywhere means an epoch valid
+#: for the numpy iterator is valid for every other consumer, and a checkpoint moves between them.
+EPOCH_LIMIT = 2**62
+
+
+def epoch(value, name: str = "epoch") -> int:
+    """An epoch: an integer in [0, 2**62) (`EPOCH_LIMIT`)."""
+    return integer(value, name, 0, EPOCH_LIMIT, what="an integer in [0, 2**62)")
 
 
 def boolean(value, name: str) -> bool:

@@ -18,6 +18,7 @@ then one zero row that windows read for rows outside their key's array (``bounds
 from __future__ import annotations
 
 import ctypes
+import os
 
 import numpy as np
 import tensorflow as tf
@@ -41,21 +42,109 @@ BATCHES_HELD = 4
 
 
 def device_free_bytes(device: str) -> int | None:
-    """Free bytes on `device`: the CUDA runtime's cudaMemGetInfo for a GPU (the runtime TensorFlow's GPU wheel
-    brings), the memory available for the CPU; None when it cannot be told."""
+    """Bytes a pipeline may still place on `device` (the default ``device_memory_budget`` is 80% of it); None when
+    it cannot be told.
+
+    For the CPU device: the memory available (`npyfeed._resources.available_memory`). For a GPU, the uploads are
+    TensorFlow tensors, so they come from TensorFlow's allocator on that GPU, and what it can still hand out is
+    counted (`tensorflow_free_bytes`): the memory TensorFlow's pool holds but does not use, plus what it can
+    still take from the device. The CUDA runtime's count of the device's free memory (``cudaMemGetInfo``, from
+    the runtime TensorFlow's GPU wheel brings) is read without changing the calling thread's current device: it
+    is saved and restored around the query (``cudaGetDevice``/``cudaSetDevice``), and not switched at all when
+    the GPU is already the current one.
+    """
     spec = tf.DeviceSpec.from_string(device)
     if (spec.device_type or "CPU").upper() == "CPU":
         return available_memory()
+    allocator = _tensorflow_allocator(int(spec.device_index or 0))
+    if allocator is None:
+        return None
+    ordinal, in_use, growth, limit = allocator
+    memory = _cuda_memory(ordinal)
+    if memory is None:
+        return None
+    free, total = memory
+    return tensorflow_free_bytes(free, total, in_use, growth, limit)
+
+
+def tensorflow_free_bytes(cuda_free: int, cuda_total: int, in_use: int, growth: bool, limit: int | None) -> int:
+    """What TensorFlow's allocator on a GPU can still hand out, from the device's free and total memory (CUDA's
+    count), the bytes TensorFlow's tensors use there (``tf.config.experimental.get_memory_info``'s
+    ``"current"``), whether memory growth is on and the logical device's memory limit (None: not set).
+
+    * A memory limit (``tf.config.set_logical_device_configuration``): TensorFlow's pool is that many bytes at
+      most, whatever the device has free: ``limit - in_use``.
+    * Memory growth on (``set_memory_growth``, ``TF_FORCE_GPU_ALLOW_GROWTH``): TensorFlow takes from the device
+      as it needs, so the device's free memory is what is left; what its pool holds unused is not counted
+      (an underestimate, on the safe side).
+    * TensorFlow's default: one pool of nearly all the memory the device had free when TensorFlow started, taken
+      at its first allocation, so ``cudaMemGetInfo`` then reports almost nothing free although the pool is
+      mostly unused. The memory neither free nor used by TensorFlow's tensors counts as that pool:
+      ``total - in_use`` (the device's free memory, plus the pool's unused part). The same before the pool is
+      taken. Over-counted: the few percent TensorFlow leaves to the driver, and the memory of other processes
+      on the same GPU, which the 80% share of the default budget is for (pass ``device_memory_budget`` on a
+      shared GPU).
+    """
+    if limit is not None:
+        return max(int(limit) - int(in_use), 0)
+    if growth:
+        return max(int(cuda_free), 0)
+    return max(int(cuda_total) - int(in_use), 0)
+
+
+def _tensorflow_allocator(logical_index: int):
+    """For logical GPU `logical_index`: (its CUDA ordinal, bytes TensorFlow's tensors use there, whether memory
+    growth is on, its memory limit in bytes or None); None when TensorFlow does not know it."""
+    physical = tf.config.list_physical_devices("GPU")  # in CUDA's order: a GPU's index is its CUDA ordinal
+    at = 0
+    for gpu in tf.config.get_visible_devices("GPU"):  # logical GPUs: the visible ones in order (some virtual)
+        ordinal = physical.index(gpu)
+        configs = tf.config.get_logical_device_configuration(gpu) or [None]
+        if logical_index >= at + len(configs):
+            at += len(configs)
+            continue
+        config = configs[logical_index - at]
+        limit_mb = getattr(config, "memory_limit", None)
+        try:
+            in_use = int(tf.config.experimental.get_memory_info(f"GPU:{logical_index}")["current"])
+        except (ValueError, KeyError, RuntimeError):
+            in_use = 0  # no allocator there yet: TensorFlow uses nothing
+        growth = bool(tf.config.experimental.get_memory_growth(gpu)) or \
+            os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH", "").strip().lower() == "true"
+        return ordinal, in_use, growth, None if limit_mb is None else int(limit_mb) << 20
+    return None
+
+
+def _cudart():
     for name in ("libcudart.so", "libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0"):
         try:
-            cudart = ctypes.CDLL(name)
+            return ctypes.CDLL(name)
         except OSError:
             continue
-        free, total = ctypes.c_size_t(), ctypes.c_size_t()
-        if cudart.cudaSetDevice(int(spec.device_index or 0)) == 0 and \
-                cudart.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) == 0:
-            return int(free.value)
     return None
+
+
+def _cuda_memory(ordinal: int):
+    """(free, total) bytes of CUDA device `ordinal` (``cudaMemGetInfo``), or None. ``cudaMemGetInfo`` reads the
+    calling thread's current device: the current device is saved first and restored after, so the caller's
+    thread (TensorFlow's, a user's) keeps its device; it is not switched when `ordinal` is already current."""
+    cudart = _cudart()
+    if cudart is None:
+        return None
+    current = ctypes.c_int(-1)
+    if cudart.cudaGetDevice(ctypes.byref(current)) != 0:
+        return None
+    switch = current.value != ordinal
+    if switch and cudart.cudaSetDevice(ordinal) != 0:
+        return None
+    try:
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        if cudart.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
+            return None
+        return int(free.value), int(total.value)
+    finally:
+        if switch:
+            cudart.cudaSetDevice(current.value)
 
 
 class DeviceGather:

@@ -15,7 +15,8 @@ before the first epoch, the TensorFlow backend reads items 0 and 1 for the eleme
 epoch), and the JAX backend reads item 0 to build the model inside a begin/end pair of its own; it also calls
 ``on_epoch_end`` once more before the first epoch. So ``on_epoch_end`` moves to the next epoch only when, since
 the last ``on_epoch_begin``, the epoch's last batch was read (with ``steps_per_epoch`` shorter than an epoch,
-Keras carries on within it in the next Keras epoch, and the epoch moves on when its last batch was read). Limit:
+Keras carries on within it in the next Keras epoch, and the epoch moves on when its last batch was read). The
+PyTorch adapter keeps its position in the same epoch cursor, which makes this decision. Limit:
 an epoch of a single batch under the JAX backend counts the model-building read as an epoch: start at
 ``epoch - 1`` there (or use ``drop_remainder``/a smaller batch so that an epoch has two batches or more).
 """
@@ -23,10 +24,10 @@ an epoch of a single batch under the JAX backend counts the model-building read 
 from __future__ import annotations
 
 import operator
-import threading
 import warnings
 
-from . import _checks
+from ._epochs import EpochCursor
+from .plan import DEFAULT_MEMORY_BUDGET
 from .stats import EpochStatsCallback
 
 try:
@@ -64,10 +65,13 @@ class PyDataset(keras.utils.PyDataset):
     num_shards, shard_index
         This process's part of every epoch (e.g. one per host under a distribution strategy); the shards are
         disjoint and together cover each epoch exactly once.
+    shard_by : {"samples", "keys"}
+        How the shards split an epoch (`WindowSource.plan`): every n-th sample, or whole keys balanced by sample
+        count (each process reads only its own keys' files).
     drop_remainder : bool
         Drop a last, smaller batch (every batch then has the same shape: one compilation under JAX/XLA).
-    memory_budget : int, optional
-        With ``shuffle="blocks"``: bytes of array data held at once (see `WindowSource.plan`).
+    memory_budget : int
+        With ``shuffle="blocks"``: bytes of array data held at once (see `WindowSource.plan`; the same default).
     prefetch : int
         Batches gathered ahead of the one Keras asks for.
     **pydataset_kwargs
@@ -88,11 +92,16 @@ class PyDataset(keras.utils.PyDataset):
         the batch indices of a PyDataset): each batch is then gathered without read-ahead, and the batches of an
         epoch differ in order from `WindowSource.batches`'. With ``shuffle="blocks"`` it raises ``RuntimeError``
         instead: every such batch would read its block again.
+
+    Notes
+    -----
+    An item waiting for its batch when another thread calls ``ds.plan.close()`` raises `npyfeed.ClosedError`
+    (as `Plan.take` does), which ends ``fit``.
     """
 
     def __init__(self, src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, epoch: int = 0,
-                 num_shards: int = 1, shard_index: int = 0, drop_remainder: bool = False,
-                 memory_budget: int | None = None, prefetch: int = 2, **pydataset_kwargs):
+                 num_shards: int = 1, shard_index: int = 0, shard_by: str = "samples", drop_remainder: bool = False,
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET, prefetch: int = 2, **pydataset_kwargs):
         workers = pydataset_kwargs.get("workers", 1)
         if pydataset_kwargs.get("use_multiprocessing", False):
             raise ValueError("npyfeed.keras.PyDataset: use_multiprocessing=True is not supported: npyfeed gathers "
@@ -106,12 +115,9 @@ class PyDataset(keras.utils.PyDataset):
                              "would only ask for the batches out of order, restarting the read-ahead")
         super().__init__(**pydataset_kwargs)
         self._plan = src.plan(batch_size, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index,
-                              drop_remainder=drop_remainder, memory_budget=memory_budget, prefetch=prefetch)
-        self._epoch = _checks.u64(epoch, "epoch")
-        self._lock = threading.Lock()
-        self._in_epoch = False  # between on_epoch_begin and on_epoch_end
-        self._read_last = False  # the epoch's last batch was read since on_epoch_begin
-        self._next_batch = 0
+                              shard_by=shard_by, drop_remainder=drop_remainder, memory_budget=memory_budget,
+                              prefetch=prefetch)
+        self._cursor = EpochCursor(len(self._plan), epoch)
         self._warned = False
 
     def stats(self) -> dict:
@@ -129,13 +135,11 @@ class PyDataset(keras.utils.PyDataset):
     @property
     def epoch(self) -> int:
         """The epoch item ``i`` is taken from now; the next one after each Keras epoch."""
-        return self._epoch
+        return self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch `epoch` from now on (e.g. in a loop of your own that iterates ``ds`` directly)."""
-        epoch = _checks.u64(epoch, "epoch")
-        with self._lock:
-            self._epoch, self._next_batch, self._read_last = epoch, 0, False
+        self._cursor.set_epoch(epoch)
 
     def __len__(self) -> int:
         return len(self._plan)
@@ -144,29 +148,19 @@ class PyDataset(keras.utils.PyDataset):
         index = operator.index(index)
         if not 0 <= index < len(self._plan):
             raise IndexError(f"npyfeed.keras.PyDataset: batch {index} of {len(self._plan)}")
-        with self._lock:
-            epoch, expected = self._epoch, self._next_batch
-            self._next_batch = index + 1
-            if self._in_epoch and index == len(self._plan) - 1:
-                self._read_last = True
+        epoch, expected = self._cursor.served(index)
         if index not in (0, expected):
             self._out_of_order(index, expected)
         return self._plan.take(epoch, index)
 
     def on_epoch_begin(self) -> None:
         """Called by Keras before each epoch: from now on the items are this epoch's."""
-        with self._lock:
-            self._in_epoch = True
+        self._cursor.begin_pass()
 
     def on_epoch_end(self) -> None:
         """Called by Keras after each epoch: move to the next epoch if its last batch was read since
         ``on_epoch_begin`` (Keras also calls this around reads that are not epochs: see the module's docs)."""
-        with self._lock:
-            if self._in_epoch and self._read_last:
-                self._epoch += 1
-                self._next_batch = 0
-                self._read_last = False
-            self._in_epoch = False
+        self._cursor.end_pass()
 
     def _out_of_order(self, index: int, expected: int) -> None:
         if self._plan.shuffle == "blocks":
@@ -183,7 +177,7 @@ class PyDataset(keras.utils.PyDataset):
                           UserWarning, stacklevel=2)
 
     def __repr__(self) -> str:
-        return f"npyfeed.keras.PyDataset(epoch {self._epoch}, {self._plan!r})"
+        return f"npyfeed.keras.PyDataset(epoch {self._cursor.epoch}, {self._plan!r})"
 
 
 class StatsCallback(EpochStatsCallback, keras.callbacks.Callback):

@@ -71,7 +71,7 @@ class Plan:
 
         Raises ``IndexError`` unless ``0 <= batch < len(self)``.
         """
-        return self._core.ids(_checks.u64(epoch, "epoch"), self._batch(batch))
+        return self._core.ids(_checks.epoch(epoch), self._batch(batch))
 
     def take(self, epoch: int, batch: int) -> tuple:
         """Batch `batch` of epoch `epoch` as ``(x, y)`` numpy arrays, equal to ``source.get(plan.ids(epoch, batch))``.
@@ -83,16 +83,16 @@ class Plan:
 
         Raises ``IndexError`` unless ``0 <= batch < len(self)``; a failed read or gather raises as the gather does.
         """
-        return self._core.take(_checks.u64(epoch, "epoch"), self._batch(batch))
+        return self._core.take(_checks.epoch(epoch), self._batch(batch))
 
     def order(self, epoch: int) -> np.ndarray:
         """All sample ids of epoch `epoch` in batch order (`WindowSource.epoch_order` gives the same)."""
-        return self._core.order(_checks.u64(epoch, "epoch"))
+        return self._core.order(_checks.epoch(epoch))
 
     def batches(self, epoch: int = 0, *, start_batch: int = 0, prefetch: int | None = None) -> BatchIterator:
         """Iterate over epoch `epoch` from batch `start_batch` on, gathering `prefetch` batches ahead in C++
         (default: the plan's)."""
-        epoch = _checks.u64(epoch, "epoch")
+        epoch = _checks.epoch(epoch)
         total = len(self)
         start_batch = _checks.integer(start_batch, "start_batch", 0, total + 1, what=f"in [0, {total}]")
         prefetch = self.prefetch if prefetch is None else _checks.positive(prefetch, "prefetch")

@@ -11,13 +11,13 @@ Position: the dataset remembers the next batch it will yield, ``(epoch, batch)``
 there to the end of that epoch; after an epoch's last batch the position is the next epoch's first, so each
 pass over a ``DataLoader`` is the next epoch. `set_epoch` moves it, like ``DistributedSampler.set_epoch``;
 ``state_dict()`` / ``load_state_dict()`` save and restore it, as torchdata's ``StatefulDataLoader`` calls them.
+The position is kept in the epoch cursor the Keras adapter shares (``npyfeed._epochs.EpochCursor``).
 """
 
 from __future__ import annotations
 
-import threading
-
-from . import _checks
+from ._epochs import EpochCursor
+from .plan import DEFAULT_MEMORY_BUDGET
 
 try:
     import torch
@@ -42,8 +42,8 @@ def _distributed() -> tuple:
 
 
 class WindowDataset(IterableDataset):
-    """An ``IterableDataset`` of ``(x, y)`` tensor batches from `src`, one epoch per ``iter()``, for rank `rank`
-    of `world_size`.
+    """An ``IterableDataset`` of ``(x, y)`` tensor batches from `src`, one epoch per ``iter()``, for shard
+    `shard_index` of `num_shards` (``rank`` of ``world_size``).
 
     Parameters
     ----------
@@ -56,13 +56,19 @@ class WindowDataset(IterableDataset):
         Seed of the order: the same on every rank (each rank reads its own part of the same permutation).
     epoch : int
         The epoch of the first pass.
+    num_shards, shard_index : int, optional
+        This process's shard of every epoch, as for `WindowSource.plan`; default: ``torch.distributed``'s world
+        size and rank when it is initialised, else 1 and 0. The shards are disjoint and together cover each
+        epoch exactly once.
+    shard_by : {"samples", "keys"}
+        How the shards split an epoch (`WindowSource.plan`): every n-th sample, or whole keys balanced by sample
+        count (each rank reads only its own keys' files).
     rank, world_size : int, optional
-        This process's shard of every epoch; default: ``torch.distributed``'s rank and world size when it is
-        initialised, else 0 and 1. The ranks' shards are disjoint and together cover each epoch exactly once.
+        ``torch.distributed``'s names for `shard_index` and `num_shards` (give one pair or the other).
     drop_remainder : bool
         Drop a last, smaller batch.
-    memory_budget : int, optional
-        With ``shuffle="blocks"``: bytes of array data held at once (see `WindowSource.plan`).
+    memory_budget : int
+        With ``shuffle="blocks"``: bytes of array data held at once (see `WindowSource.plan`; the same default).
     prefetch : int
         Batches gathered ahead of the one the loop takes.
 
@@ -72,25 +78,33 @@ class WindowDataset(IterableDataset):
     owned by npyfeed, reused only when no tensor or array refers to it any more). ``pin_memory=True`` in the
     ``DataLoader`` copies each batch once more, into pinned memory.
 
+    A pass waiting for its batch when another thread closes it raises `npyfeed.ClosedError` (as
+    `BatchIterator` does); the position stays at the batch it waited for.
+
     Raises
     ------
     ValueError
-        Bad arguments (as `WindowSource.plan`).
+        Bad arguments (as `WindowSource.plan`); both `shard_index`/`num_shards` and `rank`/`world_size`.
     RuntimeError
         Iterated in a ``DataLoader`` worker process (``num_workers > 0``), or pickled: see `__iter__`.
     """
 
     def __init__(self, src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, epoch: int = 0,
+                 num_shards: int | None = None, shard_index: int | None = None, shard_by: str = "samples",
                  rank: int | None = None, world_size: int | None = None, drop_remainder: bool = False,
-                 memory_budget: int | None = None, prefetch: int = 2):
-        default_rank, default_world = _distributed() if rank is None or world_size is None else (0, 1)
-        world_size = default_world if world_size is None else world_size
-        rank = default_rank if rank is None else rank
-        self._plan = src.plan(batch_size, shuffle=shuffle, seed=seed, num_shards=world_size, shard_index=rank,
-                              drop_remainder=drop_remainder, memory_budget=memory_budget, prefetch=prefetch)
-        self._lock = threading.Lock()
-        self._epoch = _checks.u64(epoch, "epoch")
-        self._batch = 0
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET, prefetch: int = 2):
+        if (num_shards is not None or shard_index is not None) and (rank is not None or world_size is not None):
+            raise ValueError("npyfeed.torch.WindowDataset: give num_shards=/shard_index= or their torch.distributed "
+                             "names world_size=/rank=, not both")
+        num_shards = world_size if num_shards is None else num_shards
+        shard_index = rank if shard_index is None else shard_index
+        default_rank, default_world = _distributed() if shard_index is None or num_shards is None else (0, 1)
+        num_shards = default_world if num_shards is None else num_shards
+        shard_index = default_rank if shard_index is None else shard_index
+        self._plan = src.plan(batch_size, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index,
+                              shard_by=shard_by, drop_remainder=drop_remainder, memory_budget=memory_budget,
+                              prefetch=prefetch)
+        self._cursor = EpochCursor(len(self._plan), epoch)
 
     def stats(self) -> dict:
         """Live statistics of this dataset's plan (`npyfeed.Plan.stats`)."""
@@ -105,34 +119,42 @@ class WindowDataset(IterableDataset):
         return self._plan
 
     @property
+    def shard_index(self) -> int:
+        """This dataset's shard of every epoch (`rank`)."""
+        return self._plan.shard_index
+
+    @property
+    def num_shards(self) -> int:
+        """The number of shards of every epoch (`world_size`)."""
+        return self._plan.num_shards
+
+    @property
     def rank(self) -> int:
-        """This dataset's shard of every epoch."""
+        """This dataset's shard of every epoch (`shard_index`)."""
         return self._plan.shard_index
 
     @property
     def world_size(self) -> int:
-        """The number of shards of every epoch."""
+        """The number of shards of every epoch (`num_shards`)."""
         return self._plan.num_shards
 
     @property
     def epoch(self) -> int:
         """The epoch the next batch comes from."""
-        return self._epoch
+        return self._cursor.position()[0]
 
     def __len__(self) -> int:
         return len(self._plan)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` read epoch `epoch` from its first batch (``DistributedSampler.set_epoch``)."""
-        epoch = _checks.u64(epoch, "epoch")
-        with self._lock:
-            self._epoch, self._batch = epoch, 0
+        self._cursor.set_epoch(epoch)
 
     def state_dict(self) -> dict:
         """The position of the next batch, ``{"epoch": int, "batch": int}`` (plain ints: torchdata's
         ``StatefulDataLoader`` stores it as the dataset's state, and `load_state_dict` takes it back)."""
-        with self._lock:
-            return {"epoch": self._epoch, "batch": self._batch}
+        epoch, batch = self._cursor.position()
+        return {"epoch": epoch, "batch": batch}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue at the position `state_dict` gave: the next ``iter()`` yields that batch first.
@@ -143,12 +165,7 @@ class WindowDataset(IterableDataset):
             epoch, batch = state["epoch"], state["batch"]
         except (TypeError, KeyError):
             raise ValueError(f"npyfeed.torch.WindowDataset: not a state_dict() of it: {state!r}") from None
-        epoch = _checks.u64(epoch, "epoch")
-        batch = _checks.integer(batch, "batch", 0, len(self) + 1, what=f"in [0, {len(self)}]")
-        if batch == len(self):  # saved after an epoch's last batch: the next epoch's first
-            epoch, batch = epoch + 1, 0
-        with self._lock:
-            self._epoch, self._batch = epoch, batch
+        self._cursor.restore(epoch, batch)  # batch == len(self): saved after an epoch's last batch
 
     def __iter__(self):
         """Yield the rest of the current epoch, from the current position on, as ``(x, y)`` tensors.
@@ -162,23 +179,15 @@ class WindowDataset(IterableDataset):
 
     def _epoch_batches(self):
         # The position is read at the first next(), so a load_state_dict() made after iter() still counts.
-        with self._lock:
-            epoch, start = self._epoch, self._batch
-        total = len(self._plan)
+        epoch, start = self._cursor.next_pass()
         with self._plan.batches(epoch, start_batch=start) as batches:
             for b, (x, y) in enumerate(batches, start):
-                with self._lock:  # before the yield: the state a checkpoint takes after this batch is the next one
-                    if b + 1 == total:
-                        self._epoch, self._batch = epoch + 1, 0
-                    else:
-                        self._epoch, self._batch = epoch, b + 1
+                # Before the yield: the state a checkpoint takes after this batch is the next one.
+                self._cursor.served(b, epoch)
                 yield torch.from_numpy(x), torch.from_numpy(y)
-        if start == total:  # nothing left of that epoch: move on, so the next pass is the next epoch
-            with self._lock:
-                self._epoch, self._batch = epoch + 1, 0
 
     def __reduce__(self):
         raise RuntimeError(_NO_WORKERS)
 
     def __repr__(self) -> str:
-        return f"npyfeed.torch.WindowDataset(next batch {self._batch} of epoch {self._epoch}, {self._plan!r})"
+        return f"npyfeed.torch.WindowDataset(next {self._cursor!r}, {self._plan!r})"

@@ -478,7 +478,7 @@ class WindowSource:
         return self._core.get(ids.astype(np.int64, copy=False))
 
     def plan(self, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, num_shards: int = 1,
-             shard_index: int = 0, drop_remainder: bool = False, memory_budget: int | None = None,
+             shard_index: int = 0, drop_remainder: bool = False, memory_budget: int = DEFAULT_MEMORY_BUDGET,
              prefetch: int = 2, shard_by: str = "samples") -> Plan:
         """The batches of every epoch of one shard, by position: the one owner of "batch b of epoch e".
 
@@ -502,7 +502,10 @@ class WindowSource:
         seed : int
             In ``[0, 2**64)``; ignored without `shuffle`.
         num_shards, shard_index
-            This plan's part of each epoch (e.g. one per worker).
+            This plan's part of each epoch (e.g. one per worker): shard `shard_index` of `num_shards`. The same
+            two arguments (and `shard_by`) on every entry point: `batches`, `epoch_order`, `num_batches`,
+            ``npyfeed.tf.dataset`` (which also takes a ``tf.distribute.InputContext``), ``npyfeed.keras.PyDataset``
+            and ``npyfeed.torch.WindowDataset`` (where ``rank``/``world_size`` are the same thing).
         drop_remainder : bool
             Drop a last, smaller batch.
         shard_by : {"samples", "keys"}
@@ -516,10 +519,12 @@ class WindowSource:
             global batch is a sample stratified by shard (unbiased when the shards are balanced by sample count),
             but per-replica statistics (batch norm, cross-sectional losses over a replica's batch) see only that
             shard's keys. Not with ``shuffle="blocks"``.
-        memory_budget : int, optional
+        memory_budget : int
             With ``shuffle="blocks"``: bytes of array data held at once (two blocks: one consumed while the
-            next is read; default 2 GiB, a constant, since it decides the order: keep it fixed to reproduce an
-            epoch). Batch buffers, and a key larger than half the budget, come on top; so do the samples
+            next is read; default ``npyfeed.plan.DEFAULT_MEMORY_BUDGET``, 2 GiB, a constant, since it decides the
+            order: keep it fixed to reproduce an epoch). Every entry point (`batches`, `epoch_order`,
+            ``npyfeed.tf.dataset`` and the Keras and PyTorch adapters) has the same default, and ``None`` means
+            it too, so they all give the same order. Batch buffers, and a key larger than half the budget, come on top; so do the samples
             grouped by key, which the source builds at its first blocks plan and shares with every later one
             (nothing per sample where the index lists each key's lines together, else 4 bytes per sample).
         prefetch : int
@@ -590,7 +595,7 @@ class WindowSource:
         batch_size, shuffle, seed, num_shards, shard_index, drop_remainder, memory_budget, prefetch, shard_by
             See `plan`.
         epoch : int
-            The epoch, in ``[0, 2**64)``; with `shuffle`, each epoch has its own order.
+            The epoch, in ``[0, 2**62)``; with `shuffle`, each epoch has its own order.
         start_batch : int
             Resume at this batch of the epoch (a restarted job does not replay data).
 
