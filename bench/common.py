@@ -416,6 +416,18 @@ def fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
+def serve_child(argv, child: Callable[[dict], dict]) -> bool:
+    """The child half of a benchmark that measures in fresh processes: with ``--child JSON`` in `argv`, prints
+    ``child(config)`` as one line of JSON and returns True (the script then exits); else False."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--child")
+    known, _ = pre.parse_known_args(argv)
+    if not known.child:
+        return False
+    print(json.dumps(child(json.loads(known.child))))
+    return True
+
+
 def write_json(path: str | os.PathLike, payload: dict) -> None:
     """`payload` as JSON, with the command line and the date (UTC) of the run added."""
     payload = {"command": " ".join(["python3", *sys.argv]),

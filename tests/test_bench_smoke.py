@@ -15,10 +15,10 @@ import pytest
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
 
 
-def run_bench(script: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+def run_bench(script: str, tmp_path: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(BENCH_DIR / script), "--quick", "--dir", str(tmp_path / "data"), *extra],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=timeout)
 
 
 def test_bench_load_quick(tmp_path):
@@ -82,16 +82,48 @@ def test_bench_npz_quick(tmp_path):
 
 
 def test_bench_stream_quick(tmp_path):
+    import npyfeed
+
     out = tmp_path / "stream.json"
-    proc = run_bench("bench_stream.py", tmp_path, "--json", str(out))
+    # Two rounds, with this install as the "baseline" too (its folder on PYTHONPATH imports the same npyfeed).
+    install = str(Path(npyfeed.__file__).resolve().parents[1])
+    proc = run_bench("bench_stream.py", tmp_path, "--json", str(out), "--rounds", "2", "--baseline", install,
+                     timeout=300)  # 12 child processes
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "cold blocks direct" in proc.stdout and "targets (issue 10" in proc.stdout
+    assert "x warm median" in proc.stdout and "load average per round" in proc.stdout
     result = json.loads(out.read_text())
-    for name in ("warm global mmap", "cold global mmap", "cold global read", "cold blocks direct"):
+    for name in ("warm global mmap", "cold global mmap", "cold global read", "cold blocks direct",
+                 "cold blocks direct (baseline)"):
         r = result["results"][name]
         assert "error" not in r, r
         assert r["samples"] == r["epoch_samples"] > 0  # the whole (tiny) epoch
         assert r["peak_private"] > 0 and r["first_batch_s"] is not None
+    assert len(result["rounds"]) == 2 and "cold global mmap" not in result["rounds"][1]["results"]
+    assert len(result["ratios"]["cold blocks direct"]) == 2
+    assert result["results"]["cold blocks direct"]["stats"]["blocks_read"] > 0
+
+
+def test_bench_first_pass_quick(tmp_path):
+    out = tmp_path / "first_pass.json"
+    proc = run_bench("bench_first_pass.py", tmp_path, "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "first/second" in proc.stdout and "target: first pass" in proc.stdout
+    result = json.loads(out.read_text())
+    for variant in ("off", "on"):
+        s = result["summary"][variant]
+        assert len(s["samples_per_s"]) == 3 and all(x > 0 for x in s["samples_per_s"]), s
+    assert result["mapping_cost"]["faults"]["minor_faults"] > 0
+
+
+def test_bench_read_path_quick(tmp_path):
+    out = tmp_path / "read_path.json"
+    proc = run_bench("bench_read_path.py", tmp_path, "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    for mode in ("read", "direct"):
+        s = result["summary"][mode]
+        assert s["samples_per_s"] > 0 and s["cpu_us_per_sample"] > 0 and s["read_bytes_per_sample"] >= 0, s
 
 
 def test_bench_shuffle_quality_quick():
@@ -100,6 +132,20 @@ def test_bench_shuffle_quality_quick():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = {line.split("  ")[0]: line for line in proc.stdout.splitlines()}
     assert "global shuffle" in lines and any(k.startswith("blocks, 1 keys/block") for k in lines), proc.stdout
+
+
+def test_bench_handoff_quick(tmp_path):
+    pytest.importorskip("tensorflow")
+    out = tmp_path / "handoff.json"
+    proc = run_bench("bench_handoff.py", tmp_path, "--json", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "x numpy median" in proc.stdout and "x cap" in proc.stdout, proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    for row in ("numpy", "eager", "tf.function", "fit", "fit steps_per_execution=32", "floor eager", "floor fit"):
+        got = rows[f"this build: {row}"]
+        assert len(got["rates"]) == 1 and got["rates"][0] > 0, got
+    assert rows["this build: numpy"]["ratios"] == [1.0]
+    assert 0 < rows["this build: eager"]["cap"] <= 1  # from the floor's CPU per batch and the gather's
 
 
 def test_bench_gpu_quick_on_the_cpu(tmp_path):

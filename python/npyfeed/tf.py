@@ -4,12 +4,18 @@
 
 The pipeline is native ``tf.data`` over positions, mapped through a gather of "batch b of epoch e"::
 
-    range(1).map(next pass's epoch) -> flat_map(e: range(batches).map(b: (e, b)))    # positions
-      -> map(gather "batch b of epoch e", num_parallel_calls=1) -> prefetch
+    range(1).map(next pass's epoch) -> flat_map(e: zip(e repeated, range(batches)))    # positions (e, b)
+      -> map(gather "batch b of epoch e"), in the thread that asks
 
 The gather takes the batch from the plan (``WindowSource.plan``, ``Plan.take``: a C++ stream positioned at the
 next batch): the stream keeps the gathers of the next ``prefetch`` batches in
-flight by itself, as the numpy iterator does, so the thread pool never waits for TensorFlow's hand-off. A
+flight by itself, as the numpy iterator does, so the thread pool never waits for TensorFlow's hand-off. So on
+the native path (below) the pipeline has no ``prefetch`` of TensorFlow's and its map runs in the calling thread
+(the fallback keeps a parallel map of one call and a ``prefetch``): a step's ``next()`` takes a
+ready batch with no other thread woken (a ``prefetch`` and a parallel map each cost a thread hop per batch, and
+TensorFlow's idle inter-op workers spin; measured, 0.7-1 ms of CPU per batch on other threads, most of what an
+eager loop lost against the numpy iterator). In an eager loop, the dataset's iterator also skips TensorFlow's
+per-step executor switch (`_Iterator`). A
 request for exactly the next batch is served from the stream; any other position (a restored checkpoint, a new
 epoch, a jump) starts a new stream there, so every batch is still a function of its position alone (and calls
 from several TensorFlow threads would be correct, only slower). Its iterator is checkpointable
@@ -53,6 +59,7 @@ import atexit
 import contextlib
 import ctypes
 import functools
+import inspect
 import logging
 import os
 import threading
@@ -62,10 +69,14 @@ import weakref
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
-from tensorflow.python.data.ops import dataset_ops
+from tensorflow.python.data.ops import dataset_ops, iterator_ops, map_op
+from tensorflow.python.eager import context
+from tensorflow.python.framework import ops
+from tensorflow.python.ops import gen_dataset_ops
 
 from . import _checks, _core
 from . import stats as _stats
+from .plan import DEFAULT_MEMORY_BUDGET
 
 __all__ = ["dataset", "StatsCallback"]
 
@@ -73,8 +84,9 @@ log = logging.getLogger("npyfeed")
 
 
 def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, drop_remainder: bool = False,
-            device: str | None = None, input_context=None, prefetch: int = 2, epoch: int = 0,
-            memory_budget: int | None = None, shard_by: str = "samples", gather: str = "host",
+            device: str | None = None, input_context=None, num_shards: int | None = None,
+            shard_index: int | None = None, prefetch: int = 2, epoch: int = 0,
+            memory_budget: int = DEFAULT_MEMORY_BUDGET, shard_by: str = "samples", gather: str = "host",
             device_memory_budget: int | None = None, storage_dtype=None) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(x, y)`` batches from `src`; each pass over it is a new epoch.
 
@@ -101,16 +113,21 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         As passed by ``strategy.distribute_datasets_from_function``: this pipeline reads shard
         ``input_pipeline_id`` of ``num_input_pipelines`` of every epoch (shards are disjoint and together cover
         the epoch exactly once) in batches of ``input_context.get_per_replica_batch_size(batch_size)``.
+    num_shards, shard_index : int, optional
+        Without a strategy (e.g. one process per GPU): this pipeline reads shard `shard_index` of `num_shards`
+        of every epoch, in batches of `batch_size` (this pipeline's own), as `WindowSource.plan`. Default: the
+        whole epoch (1 and 0). Not with `input_context`, which names the shard itself.
     prefetch : int
-        Batches the stream gathers ahead of the one TensorFlow asks for (in flight at once), before
-        TensorFlow's own ``prefetch(AUTOTUNE)``.
+        Batches the stream gathers ahead of the one TensorFlow asks for (in flight at once). The pipeline adds
+        no ``prefetch`` of TensorFlow's (nor lets tf.data inject one): a batch the stream has ready is handed
+        over in the calling thread.
     epoch : int
         The epoch of the first pass (e.g. Keras ``initial_epoch`` after a restart).
-    memory_budget : int, optional
-        With ``shuffle="blocks"``: bytes of array data held at once (default ``WindowSource.batches``'s). It
-        decides the order too: keep it fixed to reproduce (or resume) an epoch.
+    memory_budget : int
+        With ``shuffle="blocks"``: bytes of array data held at once (the same default as `WindowSource.plan`).
+        It decides the order too: keep it fixed to reproduce (or resume) an epoch.
     shard_by : {"samples", "keys"}
-        How the shards of `input_context` split an epoch (`WindowSource.plan`): every n-th sample, or whole
+        How the shards (`num_shards` or `input_context`) split an epoch (`WindowSource.plan`): every n-th sample, or whole
         keys balanced by sample count (each pipeline reads only its own keys' files).
     gather : {"host", "device"}
         ``"host"`` (the default): npyfeed's C++ gather forms each batch in host memory, and `device` (if given)
@@ -132,8 +149,10 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     device_memory_budget : int, optional
         With ``gather="device"``: the most bytes the device may hold for this pipeline; over it, streamed blocks
         (``shuffle="blocks"``) or ``ValueError`` naming the bytes needed and suggesting ``shuffle="blocks"``,
-        ``shard_by="keys"`` or a smaller `storage_dtype`. Default: 80% of the device's free memory (the CUDA
-        runtime's count), or of the memory available on the CPU device.
+        ``shard_by="keys"`` or a smaller `storage_dtype`. Default: 80% of what TensorFlow's allocator on the
+        GPU can still hand out (the unused part of its memory pool, or with memory growth the device's free
+        memory: the rule is in the TensorFlow guide, ``gather="device"``), or of the memory available on the
+        CPU device.
     storage_dtype : {"float16", "bfloat16", "float32", "float64"}, optional
         With ``gather="device"``: the type the arrays are held in on the device (default ``src.dtype``); half
         the memory with float16/bfloat16, batches still come in ``src.dtype`` (each value rounded to
@@ -155,14 +174,19 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     Raises
     ------
     ValueError
-        Bad arguments (also a global batch size that the replicas do not divide).
+        Bad arguments (also a global batch size that the replicas do not divide, or `input_context` with
+        `num_shards`/`shard_index`).
     """
     if gather not in ("host", "device"):
         raise (ValueError if isinstance(gather, str) else _checks.ArgumentTypeError)(
             f"gather must be 'host' or 'device', got {gather!r}")
     if gather == "host" and (device_memory_budget is not None or storage_dtype is not None):
         raise ValueError("device_memory_budget= and storage_dtype= apply to gather='device' only")
-    num_shards, shard_index = 1, 0
+    if input_context is not None and (num_shards is not None or shard_index is not None):
+        raise ValueError("input_context= names this pipeline's shard itself: pass it, or num_shards=/shard_index=, "
+                         "not both")
+    num_shards = 1 if num_shards is None else num_shards
+    shard_index = 0 if shard_index is None else shard_index
     if input_context is not None:
         if gather == "device" and input_context.num_replicas_in_sync > input_context.num_input_pipelines:
             raise ValueError(
@@ -179,8 +203,7 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         num_shards, shard_index = input_context.num_input_pipelines, input_context.input_pipeline_id
     if device is not None and not isinstance(device, str):
         raise TypeError(f"device must be a device name such as '/gpu:0', not {type(device).__name__}")
-    # TensorFlow counts epochs in an int64 range (to 2**62 for repeat()), a narrower range than the plan's.
-    epoch = _checks.integer(epoch, "epoch", 0, 2**62)
+    epoch = _checks.epoch(epoch)  # [0, _checks.EPOCH_LIMIT), as everywhere; repeat() forever ends there
     # Every argument is checked here, by the plan, where an error is readable (not in TensorFlow's thread at
     # the first batch). One stream, read in order: one call at a time (it gathers `prefetch` batches ahead).
     plan = src.plan(batch_size, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index,
@@ -251,8 +274,9 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
 
     def one_epoch(e):
         # Also called when a checkpointed iterator is restored into epoch e: the next pass continues after it.
-        e = seen(e)
-        return tf.data.Dataset.range(steps).map(lambda b: (tf.ensure_shape(e, ()), b))
+        e = tf.ensure_shape(seen(e), ())
+        # (e, b) by a zip, not a map: no function call per batch.
+        return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(e).repeat(steps), tf.data.Dataset.range(steps)))
 
     def load(e, b):
         x, y = take(e, b)
@@ -298,7 +322,13 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     def with_checkpoint_options(ds):
         options = tf.data.Options()
         options.experimental_symbolic_checkpoint = True  # checkpoints hold positions, not prefetched batches
-        if on_device is not None:
+        if on_device is None and ops is not None:
+            # The stream reads ahead by itself: a prefetch that tf.data would inject is one more thread hop per
+            # batch and holds batches for nothing.
+            options.experimental_optimization.inject_prefetch = False
+            if not _SYNCHRONOUS_MAP:
+                options.experimental_optimization.map_parallelization = False  # one take() at a time, in order
+        elif on_device is not None:
             # tf.data's default graph rewrites at each iterator's start copy the tensors a function captures (the
             # uploaded arrays: measured, one more copy of them per dataset); this pipeline needs none of them.
             options.experimental_optimization.apply_default_optimizations = False
@@ -321,13 +351,22 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         # `positions`: the passes' (e, b) (one_epoch), or streamed their (e, g) (epoch_groups).
         if on_device is not None and on_device.streams:
             return finish_streamed(positions, cardinality)
-        ds = positions.map(load if on_device is None else start_rows, num_parallel_calls=1, deterministic=True)
-        ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
-        ds = with_checkpoint_options(ds.prefetch(tf.data.AUTOTUNE))
         if on_device is None:
+            if ops is not None:
+                # The op takes the batch from the stream, which gathers the next ones meanwhile: no prefetch, no
+                # thread hop.
+                ds = _map_in_caller(positions, load)
+            else:
+                # The fallback's numpy_function needs the GIL: in TensorFlow's threads, beside the caller's.
+                ds = positions.map(load, num_parallel_calls=1, deterministic=True)
+            ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
+            ds = with_checkpoint_options(ds if ops is not None else ds.prefetch(tf.data.AUTOTUNE))
             if device is not None:
                 ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
             return ds
+        ds = positions.map(start_rows, num_parallel_calls=1, deterministic=True)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
+        ds = with_checkpoint_options(ds.prefetch(tf.data.AUTOTUNE))
         if _is_host(target):
             return ds.map(form, num_parallel_calls=1, deterministic=True).prefetch(2)
         # The start rows go to the device; the batch is formed there, by a map that runs on the device.
@@ -338,18 +377,21 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     def repeat(count):
         count = -1 if count is None else int(count)
         if count < 0:
-            epochs, cardinality = tf.data.Dataset.range(epoch, 2**62), tf.data.INFINITE_CARDINALITY
+            epochs, cardinality = tf.data.Dataset.range(epoch, _checks.EPOCH_LIMIT), tf.data.INFINITE_CARDINALITY
         else:
             epochs, cardinality = tf.data.Dataset.range(epoch, epoch + count), count * steps
         with host_scope():
-            return _hold(finish(epochs.flat_map(per_epoch), cardinality), batches, feed, on_device)
+            ds = finish(epochs.flat_map(per_epoch), cardinality)
+        if device is not None or (on_device is not None and not _is_host(target)):
+            return _hold(ds, batches, feed, on_device)
+        return _hold(_Dataset(ds), batches, feed, on_device)
 
     per_epoch = epoch_groups if on_device is not None and on_device.streams else one_epoch
     with host_scope():
         ds = finish(tf.data.Dataset.range(1).map(start_pass).flat_map(per_epoch), steps)
     if device is not None or (on_device is not None and not _is_host(target)):
         return _hold(ds, batches, feed, on_device)
-    return _hold(_Dataset(ds, repeat), batches, feed, on_device)
+    return _hold(_Dataset(ds, repeat), batches, feed, on_device)  # (its repeat() reads consecutive epochs)
 
 
 def _hold(ds, batches, feed, on_device=None):
@@ -479,15 +521,55 @@ class _Passes:
 
 
 class _Dataset(dataset_ops.UnaryUnchangedStructureDataset):
-    """The dataset, whose ``repeat()`` reads consecutive epochs from a native (checkpointed) range."""
+    """A host pipeline's dataset: its ``repeat()`` reads consecutive epochs from a native (checkpointed) range
+    (`repeat` None: the one `dataset` returned, whose repeat is TensorFlow's), and its iterators hand out batches
+    with less Python per step (`_Iterator`)."""
 
-    def __init__(self, ds, repeat):
+    def __init__(self, ds, repeat=None):
         self._repeat = repeat
         super().__init__(ds, ds._variant_tensor)
 
     def repeat(self, count=None, name=None):
         """Epochs ``epoch, epoch + 1, ...``: `count` of them (None or -1: forever), checkpointable."""
+        if self._repeat is None:
+            return super().repeat(count, name=name)
         return self._repeat(count)
+
+    def __iter__(self):
+        if tf.executing_eagerly() or tf.inside_function():
+            with ops.colocate_with(self._variant_tensor):  # as TensorFlow's own __iter__
+                return _Iterator(self)
+        return super().__iter__()  # (raises TensorFlow's own error)
+
+
+class _Iterator(iterator_ops.OwnedIterator):
+    """TensorFlow's iterator, with a shorter eager step: an eager ``next()`` of ``OwnedIterator`` switches to a new
+    synchronous executor and back, and repacks the element through ``tf.nest``, per batch (measured: a quarter of
+    an eager loop's Python time per step). Where the thread's executor is already synchronous (TensorFlow's
+    default), this reads ``(x, y)`` straight from the iterator op; otherwise, and in graphs, TensorFlow's own
+    ``next()``. Saved, restored and traced as an ``OwnedIterator``."""
+
+    def _next_internal(self):
+        if not tf.executing_eagerly() or context.context().executor.is_async():
+            return super()._next_internal()
+        x, y = gen_dataset_ops.iterator_get_next(self._iterator_resource, output_types=self._flat_output_types,
+                                                 output_shapes=self._flat_output_shapes)
+        return x, y
+
+
+def _map_in_caller(ds, fn):
+    """``ds.map(fn)`` that calls `fn` in the thread asking for the element, one call at a time: no thread pool, no
+    other thread to wake per batch (``use_inter_op_parallelism=False``; tf.data's own map runs its function on
+    TensorFlow's inter-op pool, whose idle workers spin), never made parallel by tf.data's rewrites
+    (``force_synchronous``, or where TensorFlow lacks it, ``map_parallelization`` off in the options)."""
+    if _SYNCHRONOUS_MAP:
+        return map_op._MapDataset(ds, fn, force_synchronous=True, use_inter_op_parallelism=False,
+                                  preserve_cardinality=True)
+    return map_op._MapDataset(ds, fn, use_inter_op_parallelism=False, preserve_cardinality=True)
+
+
+#: Whether this TensorFlow's map takes ``force_synchronous`` (2.16 and later; 2.15 does not).
+_SYNCHRONOUS_MAP = "force_synchronous" in inspect.signature(map_op._MapDataset.__init__).parameters
 
 
 class _Gather:

@@ -1,0 +1,251 @@
+"""The hand-off into TensorFlow: ``npyfeed.tf.dataset`` against the numpy iterator over the same warm source.
+
+Each round runs, in one fresh process per build and in a rotated order, over the same warm data set (W=100,
+B=256, (4800, 256) float32 files, ``shuffle=True``, mode ``"mmap"``):
+
+* **numpy**: ``src.batches(...)``, the gather alone (the reference of the round);
+* **eager**: ``for x, y in ds`` (a Python loop over eager tensors: custom loops, debugging);
+* **tf.function**: ``next(iterator)`` in a traced loop (Keras ``fit``'s train function, a custom step);
+* **fit**: ``model.fit(ds, steps_per_epoch=...)`` on a tiny model (the last window row through a Dense layer),
+  so that the step is input-bound;
+* **floor eager** / **floor tf.function**: a dataset that hands out one pre-made batch
+  (``from_tensors(...).repeat()``): TensorFlow's own cost per element, with nothing gathered.
+
+Each row reports samples/s, its ratio to the numpy row of its own round (median and worst over the rounds),
+and CPU per batch by thread: npyfeed's gather workers, the main thread, and TensorFlow's threads (read from
+``/proc/self/task``). On a 2-core box the gather saturates both cores, so any CPU TensorFlow spends per batch
+comes out of the gather's; the floor rows show what TensorFlow costs at the least.
+
+``--baseline DIR`` runs the same rounds with another npyfeed install too (``pip install --no-build-isolation
+--no-deps --target DIR <checkout>``, imported with ``PYTHONPATH=DIR``), its process alternating with this one's:
+a before/after in one run.
+
+Targets (issue 30): eager >= 0.9x numpy, tf.function >= 0.95x, fit >= 0.9x.
+
+    python bench/bench_handoff.py --rounds 5
+    python bench/bench_handoff.py --quick   # seconds: checks that it runs; its figures mean nothing
+    python bench/bench_handoff.py --rounds 5 --baseline /tmp/npyfeed-before --json /tmp/handoff.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+ROWS = ("numpy", "eager", "tf.function", "fit", "fit steps_per_execution=32", "floor eager", "floor tf.function",
+        "floor fit", "floor fit steps_per_execution=32")
+TARGETS = {"eager": 0.9, "tf.function": 0.95, "fit": 0.9, "fit steps_per_execution=32": 0.9}
+#: The floor of each row: the same consumer over a dataset that hands out one pre-made batch.
+FLOORS = {"eager": "floor eager", "tf.function": "floor tf.function", "fit": "floor fit",
+          "fit steps_per_execution=32": "floor fit steps_per_execution=32"}
+
+
+def _thread_cpu() -> dict:
+    """CPU seconds so far of this process, by group: npyfeed's workers, the main thread, the rest (TensorFlow's
+    threads, including those that ended: the process's total less the two others)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"gather": 0.0, "main": 0.0}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        seconds = (int(fields[11]) + int(fields[12])) / tick
+        if int(tid) == os.getpid():
+            out["main"] += seconds
+        elif comm.startswith("npyfeed"):
+            out["gather"] += seconds
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out["tensorflow"] = usage.ru_utime + usage.ru_stime - out["gather"] - out["main"]
+    return out
+
+
+def child(cfg: dict) -> dict:
+    """One round of one build: every row once, in the order given; returns {row: measurement}."""
+    import npyfeed
+    import numpy as np
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import npyfeed.tf as nftf
+    import tensorflow as tf
+
+    window, batch, batches = cfg["window"], cfg["batch"], cfg["batches"]
+    src = npyfeed.WindowSource([cfg["index"]], cfg["factor_dir"], cfg["label_dir"], window, mode="mmap")
+    ds = nftf.dataset(src, batch, shuffle=True).repeat()
+
+    @tf.function
+    def consume(iterator, steps):
+        samples = tf.constant(0, tf.int64)
+        for _ in tf.range(steps):
+            x, _y = next(iterator)
+            samples += tf.shape(x, out_type=tf.int64)[0]
+        return samples
+
+    def eager_loop(dataset):
+        def run():
+            n = 0
+            for i, (x, _y) in enumerate(dataset):
+                n += int(x.shape[0])
+                if i + 1 == batches:
+                    return n
+        return run
+
+    def in_function(dataset):
+        iterator = iter(dataset)
+        consume(iterator, tf.constant(2, tf.int64))  # traced here, not in the timed part
+        return lambda: int(consume(iterator, tf.constant(batches, tf.int64)))
+
+    epoch = [0]
+
+    def numpy_rows():
+        n = 0
+        epoch[0] += 1
+        for i, (x, _y) in enumerate(src.batches(batch, shuffle=True, epoch=epoch[0])):
+            n += len(x)
+            if i + 1 == batches:
+                return n
+        return n
+
+    x_shape, y_shape = (batch, *src.x_shape), (batch, *src.y_shape)
+    floor = tf.data.Dataset.from_tensors((tf.zeros(x_shape), tf.zeros(y_shape))).repeat()
+    def tiny_model(steps_per_execution):
+        model = tf.keras.Sequential([tf.keras.Input(src.x_shape), tf.keras.layers.Lambda(lambda t: t[:, -1, :]),
+                                     tf.keras.layers.Dense(int(np.prod(src.y_shape)))])
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution)
+        return model
+
+    def fit(dataset, steps_per_execution):
+        model = tiny_model(steps_per_execution)
+
+        def run():
+            model.fit(dataset, steps_per_epoch=batches, epochs=1, verbose=0)
+            return batches * batch
+        return run
+
+    runs = {"numpy": numpy_rows, "eager": eager_loop(ds), "tf.function": in_function(ds), "fit": fit(ds, 1),
+            "fit steps_per_execution=32": fit(ds, 32), "floor eager": eager_loop(floor),
+            "floor tf.function": in_function(floor), "floor fit": fit(floor, 1),
+            "floor fit steps_per_execution=32": fit(floor, 32)}
+    for name in cfg["order"]:  # warm-up: caches, tracing, Keras' first step
+        runs[name]()
+    out = {}
+    for name in cfg["order"]:
+        cpu0, t0 = _thread_cpu(), time.perf_counter()
+        samples = runs[name]()
+        seconds, cpu1 = time.perf_counter() - t0, _thread_cpu()
+        steps = samples / batch
+        out[name] = {"samples_per_s": samples / seconds,
+                     "cpu_ms_per_batch": {k: 1e3 * (cpu1[k] - cpu0[k]) / steps for k in cpu0},
+                     "load": os.getloadavg()[0]}
+    return out
+
+
+def _run_child(cfg: dict, pythonpath: str | None) -> dict:
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], capture_output=True, text=True,
+                          env=env, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--dir", default="/tmp/npyfeed-handoff", help="data set folder (made if missing)")
+    p.add_argument("--keys", type=int, default=60, help="files of (4800, 256) float32")
+    p.add_argument("--window", type=int, default=100)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--batches", type=int, default=384, help="batches per row and round (a multiple of 32)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
+    p.add_argument("--baseline", metavar="DIR", help="another npyfeed install to run beside this one")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--quick", action="store_true", help="a tiny run that only checks the script works")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.keys, args.batches, args.rounds = 2, 32, 1
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return 0
+
+    from npyfeed.demo import generate
+
+    rows = [r for r in args.rows.split(",") if r]
+    if "numpy" not in rows or any(r not in ROWS for r in rows):
+        p.error(f"--rows must name the numpy row and only rows of {ROWS}")
+    base = Path(args.dir) / "demo_stock" / "train"
+    if not (base / "index.txt").exists():
+        print(f"generating {args.keys} keys of (4800, 256) float32 in {args.dir} ...", flush=True)
+        generate(args.dir, args.keys, 4800, 256, 4, args.window, 1)
+    common.warm(str(path) for path in base.rglob("*.npy"))
+    builds = [("this build", None)] + ([("baseline", args.baseline)] if args.baseline else [])
+    results = {name: [] for name, _ in builds}
+    for r in range(args.rounds):
+        order = rows[r % len(rows):] + rows[:r % len(rows)]
+        for name, path in (builds if r % 2 == 0 else builds[::-1]):
+            cfg = {"index": str(base / "index.txt"), "factor_dir": str(base / "factor"),
+                   "label_dir": str(base / "label"), "window": args.window, "batch": args.batch,
+                   "batches": args.batches, "order": order}
+            results[name].append(_run_child(cfg, path))
+            got = results[name][-1]
+            print(f"round {r + 1} {name:10s} load {got[rows[0]]['load']:.1f}: " + "  ".join(
+                f"{row} {got[row]['samples_per_s']:,.0f}" for row in rows), flush=True)
+
+    print(f"\n{args.rounds} rounds, {args.keys} keys x (4800, 256) float32, W={args.window}, B={args.batch}, "
+          f"{args.batches} batches per row; x numpy = the row over the numpy row of the same round and build")
+    header = ["build", "row", "samples/s (median)", "x numpy median", "x numpy worst", "x numpy per round",
+              "CPU ms/batch: gather / main / TF", "cap", "x cap", "target"]
+    table = []
+    summary = {}
+    for name, _ in builds:
+        rounds = results[name]
+
+        def cpu_total(row, rounds=rounds):
+            return statistics.median(sum(rnd[row]["cpu_ms_per_batch"].values()) for rnd in rounds)
+
+        for row in rows:
+            rates = [rnd[row]["samples_per_s"] for rnd in rounds]
+            ratios = [rnd[row]["samples_per_s"] / rnd["numpy"]["samples_per_s"] for rnd in rounds]
+            cpu = {k: statistics.median(rnd[row]["cpu_ms_per_batch"][k] for rnd in rounds)
+                   for k in ("gather", "main", "tensorflow")}
+            # On cores the gather saturates, TensorFlow's CPU per batch comes out of the gather's: the most this
+            # consumer can reach is the numpy row's CPU per batch over it plus the floor's.
+            cap = None
+            if FLOORS.get(row) in rows:
+                cap = min(1.0, cpu_total("numpy") / (cpu_total("numpy") + cpu_total(FLOORS[row])))
+            median = statistics.median(ratios)
+            verdict = ""
+            if row in TARGETS:
+                met = median >= TARGETS[row] or (cap is not None and median >= 0.95 * cap)
+                verdict = f">= {TARGETS[row]:.2f}x or 0.95x cap: " + ("met" if met else "not met")
+            summary[f"{name}: {row}"] = {"rates": rates, "ratios": ratios, "cpu_ms_per_batch": cpu, "cap": cap}
+            table.append([name, row, f"{statistics.median(rates):,.0f}", f"{median:.3f}", f"{min(ratios):.3f}",
+                          " / ".join(f"{q:.2f}" for q in ratios),
+                          " / ".join(f"{cpu[k]:.2f}" for k in ("gather", "main", "tensorflow")),
+                          "" if cap is None else f"{cap:.3f}", "" if cap is None else f"{median / cap:.3f}",
+                          verdict])
+    print(common.format_table(header, table))
+    if args.json:
+        common.write_json(args.json, {"args": vars(args), "machine": common.machine_info(), "rows": summary,
+                                      "rounds": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

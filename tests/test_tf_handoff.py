@@ -1,0 +1,160 @@
+"""The hand-off into TensorFlow on the native path: the batch is taken in the thread that asks for it (a map with no
+inter-op pool, never made parallel, no prefetch of TensorFlow's and none injected), and an eager loop reads it
+through npyfeed's iterator, which skips TensorFlow's per-step executor switch. The speed is measured in
+bench/bench_handoff.py; these tests hold the structure that speed comes from, and the batches: every one equal
+to the numpy iterator's, eagerly, in a tf.function, across repeat() and a checkpoint's restore."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import npyfeed
+import numpy as np
+import pytest
+
+if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip("TensorFlow is not installed", allow_module_level=True)
+
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def tf():
+    tf = pytest.importorskip("tensorflow")
+    import npyfeed.tf
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NPYFEED_TF_OPS", "1")
+        if npyfeed.tf._native_ops() is None:
+            pytest.skip("npyfeed's op library did not load")
+        yield tf
+
+
+@pytest.fixture(scope="module")
+def src():
+    rng = np.random.default_rng(5)
+    factors = {k: rng.standard_normal((60, 3)).astype(np.float32) for k in "abc"}
+    labels = {k: rng.standard_normal((60, 2)).astype(np.float32) for k in "abc"}
+    index = [(int(f), int(f), k) for k in "abc" for f in rng.integers(3, 60, 20)]
+    return npyfeed.WindowSource.from_arrays(index, factors, labels, 4)
+
+
+def _graph(ds):
+    """The dataset's graph: its tf.data transformations, and the functions they call."""
+    from tensorflow.core.framework import graph_pb2
+
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(ds._as_serialized_graph().numpy())
+    return graph
+
+
+def _ops(ds) -> list:
+    graph = _graph(ds)
+    return [node.op for node in graph.node] + [node.op for f in graph.library.function for node in f.node_def]
+
+
+def _gather_maps(ds) -> list:
+    """The attributes of each map whose function takes a batch (calls NpyfeedTake)."""
+    graph = _graph(ds)
+    takes = {f.signature.name for f in graph.library.function if any(n.op == "NpyfeedTake" for n in f.node_def)}
+    nodes = list(graph.node) + [node for f in graph.library.function for node in f.node_def]
+    return [node.attr for node in nodes if "MapDataset" in node.op and node.attr["f"].func.name in takes]
+
+
+def _expected(src, epochs, shuffle=True):
+    return [(x.copy(), y.copy()) for e in epochs for x, y in src.batches(BATCH, shuffle=shuffle, seed=3, epoch=e)]
+
+
+def _assert_batches(got, want):
+    assert len(got) == len(want)
+    for (x, y), (wx, wy) in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(x), wx)
+        np.testing.assert_array_equal(np.asarray(y), wy)
+
+
+@pytest.mark.parametrize("repeat", [False, True])
+def test_the_native_pipeline_takes_the_batch_in_the_calling_thread(tf, src, repeat):
+    ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3)
+    if repeat:
+        ds = ds.repeat(2)
+    names = _ops(ds)
+    assert "PrefetchDataset" not in names and not any(n.startswith("ParallelMapDataset") for n in names), names
+    maps = _gather_maps(ds)
+    assert len(maps) == 1 and not maps[0]["use_inter_op_parallelism"].b, names
+    options = ds.options()
+    assert options.experimental_optimization.inject_prefetch is False
+    # Never parallelised by tf.data: force_synchronous where TensorFlow has it, else map_parallelization off.
+    assert (maps[0]["force_synchronous"].b if "force_synchronous" in maps[0]
+            else options.experimental_optimization.map_parallelization is False)
+
+
+def test_the_fallback_keeps_its_prefetch(tf, src, monkeypatch):
+    # The numpy_function needs the GIL: its calls stay in TensorFlow's threads, ahead of the loop.
+    monkeypatch.setenv("NPYFEED_TF_OPS", "0")
+    names = _ops(npyfeed.tf.dataset(src, BATCH))
+    assert "PrefetchDataset" in names, names
+
+
+def test_eager_iterators_are_npyfeeds_and_read_the_numpy_batches(tf, src):
+    ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3)
+    it = iter(ds)
+    assert type(it) is npyfeed.tf._Iterator
+    assert isinstance(it, tf.data.Iterator)
+    _assert_batches(list(it), _expected(src, [0]))
+    repeated = ds.repeat(2)  # epochs 0 and 1: repeat() counts from the dataset's first epoch
+    assert type(iter(repeated)) is npyfeed.tf._Iterator
+    _assert_batches(list(repeated), _expected(src, [0, 1]))
+    _assert_batches(list(ds), _expected(src, [2]))  # the next pass continues after the epochs repeat() read
+
+
+def test_a_tf_function_reads_the_numpy_batches(tf, src):
+    ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3, drop_remainder=True)
+    steps = len(ds)
+
+    @tf.function
+    def read(iterator):
+        xs = tf.TensorArray(tf.float32, size=steps)
+        for i in tf.range(steps):
+            x, _ = next(iterator)
+            xs = xs.write(i, x)
+        return xs.stack()
+
+    got = read(iter(ds)).numpy()
+    want = [x for x, _ in _expected(src, [0]) if len(x) == BATCH]
+    np.testing.assert_array_equal(got, np.stack(want))
+
+
+def test_a_restored_eager_iterator_continues(tf, src, tmp_path):
+    want = _expected(src, [0, 1])
+    ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3).repeat(2)
+    it = iter(ds)
+    first = [next(it) for _ in range(5)]
+    ckpt = tf.train.Checkpoint(iterator=it)
+    path = ckpt.write(str(tmp_path / "it"))
+    it2 = iter(npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3).repeat(2))
+    tf.train.Checkpoint(iterator=it2).read(path).assert_consumed()
+    _assert_batches(first + list(it2), want)
+
+
+def test_an_asynchronous_executor_gets_tensorflows_own_next(tf, src, monkeypatch):
+    # Off TensorFlow's default (a synchronous executor), the iterator leaves the step to TensorFlow.
+    from tensorflow.python.data.ops import iterator_ops
+
+    calls = []
+    real = iterator_ops.OwnedIterator._next_internal
+
+    def counted(self):
+        calls.append(1)
+        return real(self)
+
+    monkeypatch.setattr(iterator_ops.OwnedIterator, "_next_internal", counted)
+    it = iter(npyfeed.tf.dataset(src, BATCH))
+    next(it)
+    assert calls == []  # the short step, synchronously
+    from tensorflow.python.eager import context
+
+    executor = type(context.context().executor)
+    monkeypatch.setattr(executor, "is_async", lambda self: True)
+    x, y = next(it)
+    assert calls == [1]
+    np.testing.assert_array_equal(x.numpy(), _expected(src, [0], shuffle=False)[1][0])
