@@ -97,16 +97,60 @@ def test_storage_dtype_rounds_once_as_numpy(tf, storage):
     _assert_same(_pass(ds), list(ref.batches(BATCH, shuffle=True)), cast=lambda a: a.astype(kind).astype(np.float32))
 
 
-def test_upload_in_chunks_of_keys(tf, monkeypatch):
-    import npyfeed._device
+def _hard_values(dtype) -> np.ndarray:
+    """Values where rounding to float16 or bfloat16 is easy to get wrong: signed zeros, subnormals, ties to even
+    (halfway values, and a float64 just past a bfloat16 tie that float32 rounds onto it), the edge of overflow,
+    infinities, NaN; then random values over 24 orders of magnitude (integers: ties, overflow, every size)."""
+    special = [0.0, -0.0, 1.0, -1.0, 2.0**-25, 3 * 2.0**-25, 5 * 2.0**-25, 2.0**-25 * 1.0000001, 6.097555160522461e-05,
+               6.103515625e-05, 65504.0, 65519.99, 65520.0, -65520.0, 1e5, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 1 + 2.0**-8,
+               1 + 3 * 2.0**-8, 1 + 2.0**-8 + 2.0**-40, -(1 + 2.0**-8 + 2.0**-40), 3.3895313892515355e38, 3.4e38,
+               1e-40, -1e-45, np.inf, -np.inf, np.nan]
+    rng = np.random.default_rng(11)
+    if np.dtype(dtype).kind == "i":  # ties and overflow among integers; then random ones of every size
+        special = [0, 1, -1, 2049, 2051, 4097, 4099, 65504, 65519, 65520, 70000, 2**24 + 1, 2**31 - 1, -2**31]
+        return np.concatenate([special, rng.integers(-2**31, 2**31, 2500), rng.integers(-70000, 70000, 2500)]
+                              ).astype(dtype)
+    values = np.concatenate([special, rng.standard_normal(5000) * 10.0 ** rng.uniform(-12, 12, 5000)])
+    with np.errstate(over="ignore", under="ignore"):
+        return values.astype(dtype)
 
-    monkeypatch.setattr(npyfeed._device, "UPLOAD_CHUNK_BYTES", 700)  # a key or two per chunk
+
+@pytest.mark.parametrize("storage", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["<f4", ">f8", "<f2", "<i4"])
+def test_storage_dtype_rounds_hard_values_as_numpy(tf, storage, dtype):
+    """Every item uploaded has the bits numpy's astype gives (ml_dtypes' for bfloat16): from float64 and float32
+    data, and from float16 and integer data through float32, as the gather converts them."""
+    import ml_dtypes  # TensorFlow's own dependency
+
+    values = _hard_values(dtype)
+    values = values[:len(values) // 6 * 6]
+    factors = {"a": values[:len(values) // 2].reshape(-1, 3), "b": values[len(values) // 2:].reshape(-1, 3)}
+    labels = {k: v[:, :2].copy() for k, v in factors.items()}
+    index = [(f, f, k) for k, v in factors.items() for f in range(WINDOW - 1, len(v))]
+    src = npyfeed.WindowSource.from_arrays(index, factors, labels, WINDOW, cache=False)
+    ds = npyfeed.tf.dataset(src, BATCH, gather="device", storage_dtype=storage, device="/cpu:0")
+    kind = np.float16 if storage == "float16" else ml_dtypes.bfloat16
+    wide = np.float64 if np.dtype(dtype).kind == "f" and np.dtype(dtype).itemsize > 4 else np.float32
+    for got, arrays in ((ds._npyfeed_device.factors, factors), (ds._npyfeed_device.labels, labels)):
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            want = np.concatenate([arrays["a"], arrays["b"]]).astype(wide).astype(kind)
+        want = np.concatenate([want, np.zeros((1, want.shape[1]), kind)])
+        got = got.numpy()
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_resident_upload_is_the_arrays_one_after_another(tf):
+    """The upload: every key's array in the storage dtype (float64 data rounded once to float32, as numpy's
+    astype), one after another in key order, then one zero row; read by the core through the source's readers."""
     src = _source("pad", dtype="<f8", out="float32")
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=2, gather="device")
     assert not ds._npyfeed_device.streams
     _assert_same(_pass(ds), list(src.batches(BATCH, shuffle=True, seed=2)))
-    rows = sum(len(a) for a in src._arrays[0]) + 1
-    assert ds._npyfeed_device.factors.shape == (rows, 3)
+    for got, arrays in ((ds._npyfeed_device.factors, src._arrays[0]), (ds._npyfeed_device.labels, src._arrays[1])):
+        expected = np.concatenate([np.asarray(a, np.float64).reshape(len(a), -1) for a in arrays]).astype(np.float32)
+        np.testing.assert_array_equal(got.numpy(), np.concatenate([expected, np.zeros((1, expected.shape[1]),
+                                                                                      np.float32)]))
 
 
 def _resident_bytes():
@@ -222,9 +266,10 @@ def test_blocks_over_the_device_budget_stream_each_block_once_per_epoch(tf, boun
         before = on_device.uploaded_bytes
         _assert_same(_pass(ds), list(src.batches(BATCH, shuffle="blocks", seed=5, epoch=epoch,
                                                  memory_budget=STREAM_BLOCKS)))
-        table, blocks = on_device.groups(epoch)
+        table = on_device.groups(epoch)  # (first batch, end batch, first block, last block) per group
+        blocks = int(table[-1, 3]) + 1
         straddlers = int((table[:, 2] != table[:, 3]).sum())
-        assert len(blocks) > 2 and straddlers < len(blocks)
+        assert blocks > 2 and straddlers < blocks
         # Every block once (and a zero row per group), plus the windows of the batches over two blocks.
         uploaded = on_device.uploaded_bytes - before
         straddler_bytes = straddlers * ((BATCH * WINDOW + 1) * 3 + (BATCH + 1) * 2) * 4
@@ -251,7 +296,7 @@ def test_streamed_storage_dtype_rounds_once_as_numpy(tf, dtype):
     src = _stream_source("pad", dtype=dtype)
     ds = _streamed(src, seed=1, storage_dtype="float16", device_memory_budget=8000)  # the half that fits 12000
     assert ds._npyfeed_device.streams
-    table, _ = ds._npyfeed_device.groups(0)
+    table = ds._npyfeed_device.groups(0)
     assert (table[:, 2] != table[:, 3]).any()  # batches over two blocks too
     # The source's values rounded to float16 once (from float64 too, as numpy's astype), returned as float32.
     ref = _stream_source("pad", dtype=dtype, out="float64")
@@ -307,8 +352,34 @@ def test_streamed_file_replaced_after_construction_names_it(tf, tmp_path):
     assert ds._npyfeed_device.streams
     victim = tmp_path / "factor" / "k07.npy"
     np.save(victim, np.zeros((STREAM_ROWS - 9, 3), "<f4"))  # replaced by an array of another shape
-    with pytest.raises(tf.errors.OpError, match=r"k07\.npy: shape \(51, 3\), but \(60, 3\)"):
+    # Read as shuffle="blocks" reads a block: each file whole, checked against the array the source opened.
+    with pytest.raises(tf.errors.OpError, match=r"k07\.npy.*changed since the WindowSource opened it: shape "
+                                                r"\(60, 3\) '<f4' then, \(51, 3\) '<f4' now"):
         _pass(ds)
+
+
+@pytest.mark.parametrize("mode", ["mmap", "read", "direct"])
+def test_resident_upload_reads_the_files_the_source_opened(tf, tmp_path, mode):
+    """The upload reads through the source's own readers: a file replaced (renamed over) after the source opened
+    it, by an array of the same shape, is not uploaded in place of the one the host gather reads (the readers
+    hold the file they opened); device batches still equal the numpy iterator's."""
+    from npyfeed._layout import index_text, write_index, write_key
+
+    rng = np.random.default_rng(4)
+    for i in range(6):
+        write_key(tmp_path, f"k{i}", rng.standard_normal((40, 3)).astype("<f4"),
+                  rng.standard_normal((40, 2)).astype("<f4"))
+    index = write_index(tmp_path / "index.txt", index_text([(f, f, f"k{i}") for i in range(6)
+                                                            for f in range(WINDOW - 1, 40)]))
+    src = npyfeed.WindowSource([index], tmp_path / "factor", tmp_path / "label", WINDOW, mode=mode, cache=False)
+    for kind in ("factor", "label"):
+        victim = tmp_path / kind / "k2.npy"
+        np.save(tmp_path / "new.npy", np.full(np.load(victim).shape, 7, "<f4"))
+        os.replace(tmp_path / "new.npy", victim)
+    ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=1, gather="device", device="/cpu:0")
+    got = _pass(ds)
+    _assert_same(got, list(src.batches(BATCH, shuffle=True, seed=1)))
+    assert not any((x == 7).any() or (y == 7).any() for x, y in got)
 
 
 def _run_with_two_cpus(tmp_path, body: str) -> str:

@@ -11,6 +11,8 @@ void bind_loads(pybind11::module_& m);
 void bind_windows(pybind11::module_& m);
 /// Plans of epochs and their streams of batches (plans.cpp).
 void bind_plans(pybind11::module_& m);
+/// Batches formed on a device: the host's half (device.cpp).
+void bind_device(pybind11::module_& m);
 /// npyfeed.tf's feeds for its op library (tf_feed.cpp).
 void bind_tf_feed(pybind11::module_& m);
 

@@ -45,5 +45,6 @@ PYBIND11_MODULE(_core, m) {
   bind_loads(m);
   bind_windows(m);
   bind_plans(m);
+  bind_device(m);
   bind_tf_feed(m);
 }

@@ -140,12 +140,6 @@ void bind_plans(py::module_& m) {
           [](const EpochPlan& p) { return std::const_pointer_cast<SamplesByKey>(p.samples_by_key()); })
       .def_property_readonly("streams_started", &EpochPlan::streams_started)
       .def_property_readonly("stats", &EpochPlan::stats)
-      .def_property_readonly(
-          "shard_keys",
-          [](const EpochPlan& p) -> py::object {
-            if (p.spec().shard_by != ShardBy::kKeys) return py::none();
-            return py::cast(shard_keys(*p.samples_by_key(), p.spec().num_shards, p.spec().shard_index));
-          })
       .def("ids",
            [](const EpochPlan& p, std::uint64_t epoch, std::size_t batch) {
              std::vector<std::int64_t> ids = without_gil([&] { return p.ids(epoch, batch); });
@@ -161,11 +155,6 @@ void bind_plans(py::module_& m) {
              }
              return out;
            })
-      .def_property_readonly("key_bytes",
-                             [](const EpochPlan& p) {
-                               const auto& bytes = p.key_bytes();
-                               return py::array_t<std::uint64_t>(static_cast<py::ssize_t>(bytes.size()), bytes.data());
-                             })
       .def("order",
            [](const EpochPlan& p, std::uint64_t epoch) {
              std::vector<std::int64_t> ids = without_gil([&] { return p.order(epoch); });

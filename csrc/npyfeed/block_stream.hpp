@@ -18,6 +18,7 @@
 #include "npyfeed/array_reader.hpp"
 #include "npyfeed/batch.hpp"
 #include "npyfeed/block_order.hpp"
+#include "npyfeed/gather.hpp"
 #include "npyfeed/pipeline_stats.hpp"
 #include "npyfeed/thread_pool.hpp"
 
@@ -34,6 +35,14 @@ std::vector<std::uint64_t> block_key_bytes(const WindowSource& source);
 /// per sample, nothing per sample where the index lists each key's lines together). Throws InvalidArgument for
 /// 2^32 samples or more.
 std::shared_ptr<const SamplesByKey> group_samples_by_key(const WindowSource& source);
+
+/// Key `key`'s factor (or label) array as a block holds it: a file of a file source read whole into owned memory
+/// (one large read, O_DIRECT in modes "direct" and "mmap", buffered in "read"), checked against the array as the
+/// source opened it; arrays in memory and members of `.npz` archives as the source holds them. `bytes_read`
+/// (when given) gets the bytes read. Throws OsError, NpyFormatError naming the file (deleted, truncated, or
+/// changed since the source opened it).
+ArraySource read_block_array(const WindowSource& source, std::uint32_t key, bool label,
+                             std::uint64_t* bytes_read = nullptr);
 
 /// Batches of one shard of a blocks epoch. Memory: the blocks held (read ahead, being consumed, or read by a
 /// gather in flight) never exceed `memory_budget` bytes of array data (plus each file's header and O_DIRECT
@@ -100,7 +109,6 @@ class BlockStream final : public EpochStream {
   std::shared_ptr<const SamplesByKey> samples_;
   std::shared_ptr<const BlockPlan> plan_;
   std::uint64_t memory_budget_;
-  ReadMode read_mode_;
   std::size_t batch_size_;
   std::size_t prefetch_;
   std::size_t num_batches_;

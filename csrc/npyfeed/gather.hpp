@@ -61,6 +61,13 @@ struct Run {
 std::vector<Run> merge_runs(std::span<const RowRange> ranges, std::uint64_t row_bytes, std::uint64_t max_gap_bytes,
                             std::uint64_t max_span_bytes);
 
+/// Rows [first, end) of `source` (within its rows) converted as a gather converts a window's rows (`t`, into
+/// output items of `out_size` bytes: 4 float, 8 double) into `dst`, `t.out_elems()` items a row, C order: whole
+/// arrays through the same reader and conversion (batches formed on a device upload them, device_rows.hpp).
+/// Read in pieces of at most 16 MiB. Throws what the reader throws, naming the file.
+void read_converted_rows(const ArraySource& source, const RowTransform& t, std::int64_t first, std::int64_t end,
+                         std::uint32_t out_size, std::byte* dst);
+
 /// What a gather reads and how it lays out its output; owned by the WindowSource.
 struct GatherInput {
   const std::vector<ArraySource>* factors = nullptr;

@@ -96,6 +96,8 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   const WindowOptions& options() const noexcept { return options_; }
   /// For sample i (after skipping): its index file line, key, feature and label index (dense: key and rows).
   std::string describe(std::size_t sample) const;
+  /// How its gathers turn the arrays' rows into the output's (checked by finish_open).
+  const GatherTransform& transform() const noexcept { return transform_; }
   /// The index this source reads (its columns may be a shared mapping).
   const SampleIndex& index() const noexcept { return index_; }
   /// Sample `sample` (after skipping, valid) as the gather wants it.

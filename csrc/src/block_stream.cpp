@@ -49,6 +49,16 @@ ArraySource read_whole_file(const ArraySource& opened, const WindowOptions& opti
 
 }  // namespace
 
+ArraySource read_block_array(const WindowSource& source, std::uint32_t key, bool label, std::uint64_t* bytes_read) {
+  const ArraySource& opened = label ? source.label_source(key) : source.factor_source(key);
+  if (bytes_read != nullptr) *bytes_read = 0;
+  if (!must_read(source, key, label)) return opened;
+  const ReadMode mode = source.options().mode == ReadMode::kRead ? ReadMode::kRead : ReadMode::kDirect;
+  ArraySource read = read_whole_file(opened, source.options(), mode);
+  if (bytes_read != nullptr) *bytes_read = opened.header().nbytes;
+  return read;
+}
+
 std::vector<std::uint64_t> block_key_bytes(const WindowSource& source) {
   std::vector<std::uint64_t> bytes(source.num_keys());
   for (std::size_t k = 0; k < bytes.size(); ++k)
@@ -68,7 +78,6 @@ BlockStream::BlockStream(std::shared_ptr<WindowSource> source, std::shared_ptr<c
       samples_(std::move(samples)),
       plan_(std::move(plan)),
       memory_budget_(memory_budget),
-      read_mode_(source_->options().mode == ReadMode::kRead ? ReadMode::kRead : ReadMode::kDirect),
       batch_size_(batch_size),
       prefetch_(std::max<std::size_t>(prefetch, 1)),
       counters_(std::make_shared<Counters>()),
@@ -124,7 +133,6 @@ void BlockStream::start_load(std::size_t index) {
   auto source_ptr = source_;
   auto plan_ptr = plan_;
   auto by_key = samples_;
-  const ReadMode mode = read_mode_;
   // Items: one per key (its factor and label files), and the block's sample order. The job writes into the
   // Block's arrays through plain pointers: a finished job's function may live on a moment in a pool thread,
   // and must not keep the block's memory (nor its count) alive. The Block outlives the job: close() waits for
@@ -135,34 +143,22 @@ void BlockStream::start_load(std::size_t index) {
   auto keys_left = std::make_shared<std::atomic<std::size_t>>(keys);
   // On the pool for device waits, not the gathers' pool: its workers would all wait in these reads (a block
   // takes seconds) while the gathers of the block being consumed queue behind them.
-  auto job = shared_io_pool(0, source.options().placement)
-                 .start(keys + 1, std::max<std::size_t>(source.options().threads, 4),
-                        [source_ptr, plan_ptr, by_key, out, order, index, keys, mode, stats = stats_,
-                         keys_left](std::size_t item) {
-                          if (item == keys) {
-                            *order = block_samples(*plan_ptr, *by_key, index);
-                            return;
-                          }
-                          const std::uint64_t started = PipelineStats::now_ns();
-                          const std::uint32_t key = plan_ptr->keys[plan_ptr->key_begin[index] + item];
-                          const WindowSource& src = *source_ptr;
-                          const ArraySource& factor = src.factor_source(key);
-                          const ArraySource& label = src.label_source(key);
-                          std::uint64_t bytes = 0;
-                          if (must_read(src, key, false)) {
-                            out->factors[key] = read_whole_file(factor, src.options(), mode);
-                            bytes += factor.header().nbytes;
-                          } else {
-                            out->factors[key] = factor;
-                          }
-                          if (must_read(src, key, true)) {
-                            out->labels[key] = read_whole_file(label, src.options(), mode);
-                            bytes += label.header().nbytes;
-                          } else {
-                            out->labels[key] = label;
-                          }
-                          stats->block_read(bytes, PipelineStats::now_ns() - started, keys_left->fetch_sub(1) == 1);
-                        });
+  auto job =
+      shared_io_pool(0, source.options().placement)
+          .start(keys + 1, std::max<std::size_t>(source.options().threads, 4),
+                 [source_ptr, plan_ptr, by_key, out, order, index, keys, stats = stats_, keys_left](std::size_t item) {
+                   if (item == keys) {
+                     *order = block_samples(*plan_ptr, *by_key, index);
+                     return;
+                   }
+                   const std::uint64_t started = PipelineStats::now_ns();
+                   const std::uint32_t key = plan_ptr->keys[plan_ptr->key_begin[index] + item];
+                   std::uint64_t factor_bytes = 0, label_bytes = 0;
+                   out->factors[key] = read_block_array(*source_ptr, key, false, &factor_bytes);
+                   out->labels[key] = read_block_array(*source_ptr, key, true, &label_bytes);
+                   const std::uint64_t bytes = factor_bytes + label_bytes;
+                   stats->block_read(bytes, PipelineStats::now_ns() - started, keys_left->fetch_sub(1) == 1);
+                 });
   blocks_.push_back({index, std::move(arrays), std::move(samples), std::move(job)});
 }
 

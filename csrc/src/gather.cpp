@@ -122,6 +122,28 @@ std::vector<Run> merge_runs(std::span<const RowRange> ranges, std::uint64_t row_
   return runs;
 }
 
+void read_converted_rows(const ArraySource& source, const RowTransform& t, std::int64_t first, std::int64_t end,
+                         std::uint32_t out_size, std::byte* dst) {
+  const std::uint64_t src_row_bytes = source.row_elems() * source.header().itemsize;
+  const std::uint64_t out_row_bytes = t.out_elems() * out_size;
+  const auto rows_per_piece =
+      static_cast<std::int64_t>(std::max<std::uint64_t>(kMaxSpanBytes / std::max<std::uint64_t>(src_row_bytes, 1), 1));
+  std::vector<std::byte> scratch;
+  for (std::int64_t a = first; a < end; a += rows_per_piece) {
+    const std::int64_t b = std::min(end, a + rows_per_piece);
+    const std::byte* rows = fetch_rows(source, a, b, scratch, t);
+    const auto count = static_cast<std::uint64_t>(b - a);
+    std::byte* out = dst + static_cast<std::uint64_t>(a - first) * out_row_bytes;
+    copy_guarded(source, static_cast<std::uint64_t>(a) * src_row_bytes, count * src_row_bytes, [&] {
+      if (out_size == 4) {
+        t.apply<float>(rows, source.header().scalar, count, reinterpret_cast<float*>(out));
+      } else {
+        t.apply<double>(rows, source.header().scalar, count, reinterpret_cast<double*>(out));
+      }
+    });
+  }
+}
+
 Gather::Gather(const GatherInput& input, std::vector<std::int64_t> ids, std::byte* x, std::byte* y)
     : in_(input), ids_(std::move(ids)), x_(x), y_(y) {
   order_.resize(ids_.size());

@@ -3,16 +3,12 @@ reads are uploaded to the device, and each step sends only what its batch needs 
 sample) and forms ``(B, W, F...)`` and ``(B, L...)`` there with one gather each.
 
 Layout on the device: one ``(rows + 1, row elements)`` tensor per kind (factors, labels), arrays one after another,
-then one zero row that windows read for rows outside their key's array (``bounds="pad"``). Two ways to hold it:
-
-* **resident** (what fits in the device budget): every key of this pipeline (its shard's keys with
-  ``shard_by="keys"``), uploaded once at construction; a step's host work is `rows`: the plan's ids of the batch
-  (`Plan.ids`, no IO), their (key, feature_index, label_index) from the index, and four int64 vectors.
-* **streamed** (``shuffle="blocks"`` over more than the budget): each epoch is cut into *groups* of consecutive
-  batches: the batches inside one block of the plan (`Plan.shard_blocks`) share one upload of that block's keys;
-  a batch that straddles two blocks is a group of its own whose upload is its windows, taken on the host from
-  both blocks' rows (one batch per block). `group` builds a group's upload and start rows on the host; the
-  pipeline uploads the next group while the current one is consumed, so each block crosses once per epoch.
+then one zero row that windows read for rows outside their key's array (``bounds="pad"``); resident (every key of
+the pipeline, uploaded once) or streamed (``shuffle="blocks"`` over the budget: groups of batches sharing one
+block's upload, a batch over two blocks a group of its own). The host's half, the layout, the reads through the
+source's readers, the conversion to the storage dtype and each batch's start rows, is the core's
+(``_core.DeviceRows``, ``csrc/npyfeed/device_rows.hpp``); this module decides what fits on the device and forms
+the batches there.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from ._resources import available_memory
-from .plan import DEFAULT_MEMORY_BUDGET, shuffle_kind
+from .plan import shuffle_kind
 
 #: Share of the device's free memory (of the memory available, on the CPU) a pipeline may upload by default.
 DEFAULT_BUDGET_SHARE = 0.8
@@ -148,32 +144,24 @@ def _cuda_memory(ordinal: int):
 
 
 class DeviceGather:
-    """The arrays of `plan`'s keys for `device`, and the two halves of a step: `rows` or `group` (host) and `form`
-    (device). `streams` tells which layout (module docstring)."""
+    """The arrays of a plan's keys for `device`, and the two halves of a step: `rows` or `group` (host, C++:
+    ``_core.DeviceRows``, reading through the source's own readers) and `form` (device). `streams` tells which
+    layout (module docstring)."""
 
-    def __init__(self, src, plan, device: str, storage_dtype, budget: int | None):
-        if src._transform is not None:
-            raise ValueError("gather='device' does not apply features=, label_columns=, nan=, posinf=, neginf= or "
-                             "normalize= yet (the device holds the arrays as they are): use gather='host'")
+    def __init__(self, src, plan, host_rows, device: str, budget: int | None):
+        """`plan`: the pipeline's `Plan`; `host_rows`: a ``_core.DeviceRows`` over it, in the storage dtype."""
         self.window = src.window
         self.device = device
         self.batch_size = plan.batch_size
         self.out_dtype = tf.as_dtype(np.dtype(src.dtype))
-        self.storage = tf.as_dtype(storage_dtype) if storage_dtype is not None else self.out_dtype
+        self.storage = tf.as_dtype(host_rows.storage_dtype)
         self.x_row_shape, self.y_row_shape = tuple(src.x_shape[1:]), tuple(src.y_shape)
         self.x_elems = int(np.prod(self.x_row_shape, dtype=np.int64))
         self.y_elems = int(np.prod(self.y_row_shape, dtype=np.int64))
         self.sample_bytes = (self.window * self.x_elems + self.y_elems) * self.out_dtype.size  # of a formed batch
         self.pad = src.bounds == "pad"
-        self._src = src
-        self._plan = plan
-        # Every key's rows (factor, label), for the offsets of any layout.
-        factor_shapes, label_shapes = src._key_shapes(range(len(src.keys)))
-        self.factor_len = np.array([s[0] for s in factor_shapes], np.int64)
-        self.label_len = np.array([s[0] if s else 1 for s in label_shapes], np.int64)
-        keys = plan._core.shard_keys
-        keys = np.arange(len(src.keys)) if keys is None else np.asarray(keys, np.int64)
-        needed = self._layout_bytes(keys)
+        self._rows = host_rows
+        needed = self._rows.resident_bytes
         batch_bytes = self.batch_size * self.sample_bytes
         if budget is None:
             free = device_free_bytes(device)
@@ -186,206 +174,72 @@ class DeviceGather:
         self.streams = needed + BATCHES_HELD * batch_bytes > resident_limit
         self.host_bytes_per_step = 0  # bytes the last step's host half handed to TensorFlow per batch
         self.uploaded_bytes = 0  # bytes of arrays handed to TensorFlow for the device so far
-        self._groups = None  # streamed: (epoch, groups, blocks) of the last epoch asked
-        self._host_blocks: list = []  # streamed: ((epoch, block), rows) of the last two blocks read
         if not self.streams:
             self.needed_bytes = needed + BATCHES_HELD * batch_bytes
-            self.factor_first, self.label_first = self._first_rows(keys)
-            self.y_zero_row = int(self.label_len[keys].sum())
-            self.factors = self._upload_resident(keys, False, device)
-            self.labels = self._upload_resident(keys, True, device)
+            self.factors = self._upload_resident(False, device)
+            self.labels = self._upload_resident(True, device)
             return
-        if shuffle_kind(plan.shuffle) != "blocks" and needed + BATCHES_HELD * batch_bytes <= budget:
+        blocks = shuffle_kind(plan.shuffle) == "blocks"
+        keys = len(self._rows.keys)
+        if not blocks and needed + BATCHES_HELD * batch_bytes <= budget:
             raise ValueError(
                 f"gather='device' in a graph (tf.compat.v1, tf.estimator) holds its arrays as graph constants, "
                 f"at most {GRAPH_CONSTANT_BYTES} bytes, and these are {needed}: use shuffle='blocks' (streamed, no "
                 f"constants), shard_by='keys', a smaller storage_dtype, eager execution, or gather='host'")
-        if shuffle_kind(plan.shuffle) != "blocks":
+        if not blocks:
             raise ValueError(
                 f"gather='device' needs {needed + BATCHES_HELD * batch_bytes} bytes on {device} for the arrays of "
-                f"{len(keys)} keys and {BATCHES_HELD} batches, over the device_memory_budget of {budget} bytes; use "
+                f"{keys} keys and {BATCHES_HELD} batches, over the device_memory_budget of {budget} bytes; use "
                 f"shuffle='blocks' (each block uploaded once per epoch), shard_by='keys' (each process uploads its "
                 f"shard's keys only), a smaller storage_dtype (e.g. 'float16'), or gather='host'")
-        self.group_bytes, memory_budget = self._largest_group_bytes(plan)
+        self.group_bytes = self._rows.largest_group_bytes
         self.needed_bytes = GROUPS_HELD * self.group_bytes + BATCHES_HELD * batch_bytes
         if self.needed_bytes > budget:
             raise ValueError(
                 f"gather='device' with shuffle='blocks' holds {GROUPS_HELD} blocks of up to {self.group_bytes} "
-                f"bytes on {device} (memory_budget={memory_budget}: blocks of up to half of it in data bytes) and "
+                f"bytes on {device} (memory_budget={plan.memory_budget}: blocks of up to half of it in data bytes) and "
                 f"{BATCHES_HELD} batches: {self.needed_bytes} bytes, over the device_memory_budget of {budget} "
                 f"bytes; use a smaller memory_budget, a smaller storage_dtype (e.g. 'float16'), or gather='host'")
 
-    def _largest_group_bytes(self, plan) -> tuple:
-        """Streamed: (the most device bytes one group takes, the plan's memory budget). A block holds keys whose
-        bytes of array data (as the plan counts them) fit in half the memory budget, or one larger key: its
-        device bytes are at most that cap times the largest device/data ratio of a key, or the largest key's.
-        A straddling batch's group is its windows."""
-        itemsize = self.storage.size
-        key_bytes = np.maximum(plan._core.key_bytes.astype(np.float64), 1.0)
-        device_bytes = (self.factor_len * self.x_elems + self.label_len * self.y_elems) * itemsize
-        memory_budget = plan.memory_budget if plan.memory_budget is not None else DEFAULT_MEMORY_BUDGET
-        block = max(int(device_bytes.max(initial=0)), int(memory_budget // 2 * (device_bytes / key_bytes).max()))
-        block += (self.x_elems + self.y_elems) * itemsize  # the zero rows
-        straddler = ((self.batch_size * self.window + 1) * self.x_elems + (self.batch_size + 1) * self.y_elems) * \
-            itemsize
-        return max(block, straddler), memory_budget
+    def _host(self, rows: np.ndarray) -> np.ndarray:
+        """Host rows in the storage dtype (the core hands bfloat16 over as its bits, uint16)."""
+        self.uploaded_bytes += rows.nbytes
+        return rows.view(self.storage.as_numpy_dtype) if self.storage == tf.bfloat16 else rows
 
     # -- resident ----------------------------------------------------------------------------------------
     def rows(self, epoch, batch):
         """Host half of a resident step: (x start row, first valid window row, end of valid window rows, label
-        row), from the plan's ids of batch `batch` of epoch `epoch`."""
-        ids = self._plan._core.ids(int(epoch), int(batch))
-        out = self._start_rows(ids, self.factor_first, self.label_first, self.y_zero_row)
+        row) of batch `batch` of epoch `epoch`."""
+        out = self._rows.rows(int(epoch), int(batch))
         self.host_bytes_per_step = sum(a.nbytes for a in out)
-        self._count_batch(ids)
         return out
 
-    def _count_upload(self, nbytes: int) -> None:
-        self.uploaded_bytes += nbytes
-        self._plan._stats_core().uploaded(nbytes)
-
-    def _count_batch(self, ids) -> None:
-        """The plan's statistics count a batch whose start rows the host half made (formed on the device)."""
-        self._plan._stats_core().served(len(ids), len(ids) * self.sample_bytes, 0, 0)
-
-    def _start_rows(self, ids, factor_first, label_first, y_zero_row):
-        keys, features, labels = self._src._core.sample_fields(ids)
-        first = features - (self.window - 1)
-        start = factor_first[keys] + first
-        lo = np.zeros(len(ids), np.int64)
-        hi = np.full(len(ids), self.window, np.int64)
-        y = label_first[keys] + labels
-        if self.pad:
-            lo = np.clip(-first, 0, self.window)
-            hi = np.clip(self.factor_len[keys] - first, 0, self.window)
-            y = np.where((labels >= 0) & (labels < self.label_len[keys]), y, y_zero_row)
-        return start, lo, hi, y
-
-    def _upload_resident(self, keys, label: bool, device: str):
-        """The arrays of `keys` one after another as (rows + 1, row elements) in the storage dtype on `device`,
-        the last row zeros: read and converted a chunk of keys at a time into one host array, uploaded at once
-        (the device holds the arrays once, never a part and the whole)."""
-        row_elems = self.y_elems if label else self.x_elems
-        rows = self.label_len if label else self.factor_len
-        host = np.empty((int(rows[keys].sum()) + 1, row_elems), self.storage.as_numpy_dtype)
-        host[-1] = 0
-        at, chunk, chunk_bytes = 0, [], 0
-        for i, k in enumerate(keys):
-            chunk.append(int(k))
-            chunk_bytes += int(rows[k]) * row_elems * 8
-            if chunk_bytes >= UPLOAD_CHUNK_BYTES or i == len(keys) - 1:
-                part = self._host_rows(chunk, label)
-                host[at:at + len(part)] = part
-                at, chunk, chunk_bytes = at + len(part), [], 0
-        self._count_upload(host.nbytes)
+    def _upload_resident(self, label: bool, device: str):
+        """The arrays of the plan's keys one after another as (rows + 1, row elements) in the storage dtype on
+        `device`, the last row zeros: read and converted by the core into one host array, uploaded at once (the
+        device holds the arrays once, never a part and the whole)."""
+        host = self._host(self._rows.read_resident(label))
         with tf.device(device):
             # Not tf.constant: measured on the CPU device, it holds two copies of the array for good; identity
             # copies the host array (which TensorFlow wraps without a copy) once onto the device, then it goes.
             return tf.identity(host)
 
     # -- streamed ----------------------------------------------------------------------------------------
-    def groups(self, epoch: int) -> tuple:
-        """Streamed: epoch `epoch`'s groups as rows (first batch, end batch, first block, last block: the same
-        block for a group of batches inside one, two or more for a batch that straddles them), and its blocks
-        (`Plan.shard_blocks`). The last epoch's are kept."""
-        cached = self._groups
-        if cached is not None and cached[0] == epoch:
-            return cached[1], cached[2]
-        size, batch = self._plan._core.shard_size, self.batch_size
-        num_batches = len(self._plan._core)
-        blocks = self._plan._core.shard_blocks(epoch)
-        ends = np.array([end for _, end, _ in blocks], np.int64)
-        first = np.arange(num_batches, dtype=np.int64) * batch
-        first_block = np.searchsorted(ends, first, side="right")
-        last_block = np.searchsorted(ends, np.minimum(first + batch, size) - 1, side="right")
-        # A group starts at every straddling batch, and at every batch in another block than the previous one.
-        straddles = first_block != last_block
-        starts = np.flatnonzero(straddles | np.concatenate([[True], first_block[1:] != first_block[:-1]])
-                                | np.concatenate([[False], straddles[:-1]])) if num_batches else np.zeros(0, int)
-        table = np.stack([starts, np.append(starts[1:], num_batches)[:len(starts)], first_block[starts],
-                          last_block[starts]], 1).astype(np.int64).reshape(-1, 4)
-        self._groups = (epoch, table, blocks)
-        return table, blocks
+    def groups(self, epoch: int) -> np.ndarray:
+        """Streamed: epoch `epoch`'s groups, rows of (first batch, end batch, first block, last block: the same
+        block for batches inside one, two or more for a batch that straddles them)."""
+        return self._rows.groups(int(epoch))
 
     def num_groups(self, epoch) -> np.int64:
-        return np.int64(len(self.groups(int(epoch))[0]))
+        return np.int64(len(self.groups(int(epoch))))
 
     def group(self, epoch, index):
         """Streamed, host half of group `index` of epoch `epoch`: its factor and label rows (zero row last) in
-        the storage dtype, and the start rows of its samples, batch after batch. A straddling batch's rows are its
-        windows, taken on the host from its blocks' rows (converted once, as every block's)."""
-        epoch, index = int(epoch), int(index)
-        table, blocks = self.groups(epoch)
-        first_batch, end_batch, first_block, last_block = (int(v) for v in table[index])
-        batch_ids = [self._plan._core.ids(epoch, b) for b in range(first_batch, end_batch)]
-        ids = np.concatenate(batch_ids)
-        if first_block == last_block:
-            factors, labels, factor_first, label_first = self._block_rows(epoch, first_block, blocks)
-            rows = self._start_rows(ids, factor_first, label_first, len(labels) - 1)
-        else:
-            parts = [self._block_rows(epoch, k, blocks) for k in range(first_block, last_block + 1)]
-            factor_first, label_first = parts[0][2].copy(), parts[0][3].copy()
-            x_offset, y_offset = len(parts[0][0]) - 1, len(parts[0][1]) - 1
-            for k, part in zip(range(first_block + 1, last_block + 1), parts[1:]):
-                keys = np.asarray(blocks[k][2], np.int64)
-                factor_first[keys] = part[2][keys] + x_offset
-                label_first[keys] = part[3][keys] + y_offset
-                x_offset, y_offset = x_offset + len(part[0]) - 1, y_offset + len(part[1]) - 1
-            joined_x = np.concatenate([p[0][:-1] for p in parts] + [parts[0][0][-1:]])
-            joined_y = np.concatenate([p[1][:-1] for p in parts] + [parts[0][1][-1:]])
-            start, lo, hi, y_row = self._start_rows(ids, factor_first, label_first, len(joined_y) - 1)
-            j = np.arange(self.window)
-            window_rows = np.where((j >= lo[:, None]) & (j < hi[:, None]), start[:, None] + j, len(joined_x) - 1)
-            n = len(ids)
-            factors = self._with_zero_row(joined_x[window_rows.reshape(-1)])
-            labels = self._with_zero_row(joined_y[y_row])
-            rows = (np.arange(n, dtype=np.int64) * self.window, np.zeros(n, np.int64),
-                    np.full(n, self.window, np.int64), np.arange(n, dtype=np.int64))
-        self._count_upload(factors.nbytes + labels.nbytes)
-        for one in batch_ids:
-            self._count_batch(one)
-        self.host_bytes_per_step = sum(a.nbytes for a in rows) // max(end_batch - first_batch, 1)
-        return (factors, labels, *rows)
-
-    def _block_rows(self, epoch: int, block: int, blocks) -> tuple:
-        """Block `block`'s (factor rows, label rows, zero row last, in the storage dtype; each key's first factor
-        row, first label row); the last two blocks asked are kept (a straddling batch reads the next block
-        before that block's own group does)."""
-        for key, value in self._host_blocks:
-            if key == (epoch, block):
-                return value
-        keys = np.asarray(blocks[block][2], np.int64)
-        factor_first, label_first = self._first_rows(keys)
-        value = (self._with_zero_row(self._host_rows(keys.tolist(), False)),
-                 self._with_zero_row(self._host_rows(keys.tolist(), True)), factor_first, label_first)
-        self._host_blocks = [*self._host_blocks, ((epoch, block), value)][-2:]
-        return value
-
-    def _first_rows(self, keys: np.ndarray) -> tuple:
-        """Per key of the source (-1 for keys not in `keys`): its first factor row and first label row when the
-        arrays of `keys` lie one after another in that order."""
-        factor_first = np.full(len(self.factor_len), -1, np.int64)
-        label_first = np.full(len(self.label_len), -1, np.int64)
-        factor_first[keys], label_first[keys] = _starts(self.factor_len[keys]), _starts(self.label_len[keys])
-        return factor_first, label_first
-
-    def _with_zero_row(self, host: np.ndarray) -> np.ndarray:
-        out = np.empty((len(host) + 1, host.shape[1]), host.dtype)
-        out[:-1] = host
-        out[-1] = 0
-        return out
-
-    # -- both --------------------------------------------------------------------------------------------
-    def _host_rows(self, keys: list, label: bool) -> np.ndarray:
-        """The arrays of `keys` one after another as (rows, row elements) in the storage dtype, converted as
-        numpy's ``astype`` does: to float64 for float64 data or storage, else float32, then to the storage type."""
-        row_elems = self.y_elems if label else self.x_elems
-        arrays = self._src._key_arrays(keys, label)
-        wide = self.storage == tf.float64 or any(np.dtype(a.dtype).itemsize > 4 and a.dtype.kind == "f" for a in arrays)
-        host = np.concatenate([np.asarray(a).reshape(len(a), row_elems) for a in arrays]) if arrays else \
-            np.zeros((0, row_elems), np.float32)
-        return host.astype(np.float64 if wide else np.float32, copy=False).astype(self.storage.as_numpy_dtype,
-                                                                                  copy=False)
+        the storage dtype, and the start rows of its samples, batch after batch."""
+        factors, labels, *rows = self._rows.group(int(epoch), int(index))
+        batches = max(-(-len(rows[0]) // self.batch_size), 1)
+        self.host_bytes_per_step = sum(a.nbytes for a in rows) // batches
+        return (self._host(factors), self._host(labels), *rows)
 
     def form(self, factors, labels, start, lo, hi, y_row):
         """Device half of a step: the batch, with one gather of factor rows and one of label rows (the last row of
@@ -406,16 +260,3 @@ class DeviceGather:
         x = tf.reshape(tf.cast(x, self.out_dtype), tf.concat([[b, self.window], self.x_row_shape], 0))
         y = tf.reshape(tf.cast(y, self.out_dtype), tf.concat([[b], self.y_row_shape], 0))
         return x, y
-
-    def _layout_bytes(self, keys) -> int:
-        rows_x, rows_y = int(self.factor_len[keys].sum()) + 1, int(self.label_len[keys].sum()) + 1
-        return (rows_x * self.x_elems + rows_y * self.y_elems) * self.storage.size
-
-
-def _starts(lengths: np.ndarray) -> np.ndarray:
-    """First row of each array laid one after another."""
-    return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(lengths) else np.zeros(0, np.int64)
-
-
-#: Host memory one upload step holds: keys are read and converted this many bytes at a time.
-UPLOAD_CHUNK_BYTES = 256 << 20

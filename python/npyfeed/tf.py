@@ -227,7 +227,10 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
             device_memory_budget = _checks.positive(device_memory_budget, "device_memory_budget")
         target = device if device is not None else _default_device()
         _check_device(target)
-        on_device = DeviceGather(src, plan, target, storage_dtype, device_memory_budget)
+        storage = str(storage_dtype) if storage_dtype is not None else np.dtype(src.dtype).name
+        # The host half in the core (its rows read through the source's readers); refuses a transforming source.
+        host_rows = _core.DeviceRows(batches, storage)
+        on_device = DeviceGather(src, plan, host_rows, target, device_memory_budget)
         with _state:
             _state.touch()  # its host half is Python in TensorFlow's threads: the exit hook waits for it
     steps = len(batches)

@@ -18,7 +18,7 @@ from . import stats as _stats
 from ._resources import MAX_HEADER_SIZE, available_memory, default_npz_memory_limit, resolve_placement, resolve_threads
 from ._resources import cache_dir as _default_cache_dir
 from ._transform import transform_spec
-from .loading import _fspath, _native, _resolve_mode, load_many
+from .loading import _fspath, _native, _resolve_mode
 from .plan import DEFAULT_MEMORY_BUDGET, BatchIterator, Plan, shuffle_kind
 
 log = logging.getLogger("npyfeed")
@@ -378,24 +378,6 @@ class WindowSource:
         """([factor shape], [label shape]) of `keys` (key numbers, in `keys` order)."""
         shapes = self._core.key_shapes()
         return [shapes[k][0] for k in keys], [shapes[k][1] for k in keys]
-
-    def _key_arrays(self, keys, label: bool) -> list:
-        """The whole factor (or label) arrays of `keys`, as np.load gives them (for the device gather's upload)."""
-        if self._arrays is not None:
-            return [self._arrays[1 if label else 0][k] for k in keys]
-        paths = [self._files[k + (len(self._index.keys) if label else 0)] for k in keys]
-        npy = [p for p in paths if not p.endswith(".npz")]
-        loaded = dict(zip(npy, load_many(npy, mode="read", threads=self.threads))) if npy else {}
-        for p in paths:
-            if p.endswith(".npz"):
-                with np.load(p, allow_pickle=False) as archive:
-                    loaded[p] = archive[self._member] if self._member else archive[archive.files[0]]
-        shapes = self._key_shapes(keys)[1 if label else 0]
-        for p, shape in zip(paths, shapes):
-            if tuple(loaded[p].shape) != tuple(shape):  # replaced since this source was made
-                raise _core.NpyFormatError(f"{p}: shape {tuple(loaded[p].shape)}, but {tuple(shape)} when this source "
-                                     f"was made")
-        return [loaded[p] for p in paths]
 
     def _warn_direct_fallback(self) -> None:
         if self.mode != "direct":
