@@ -31,15 +31,16 @@ class TfFeedHandle {
   std::int64_t id_;
 };
 
-TfFeedHandle* make_handle(std::shared_ptr<EpochPlan> plan, std::int64_t first_epoch) {
-  return new TfFeedHandle(std::make_shared<TfFeed>(std::move(plan)), first_epoch);
+TfFeedHandle* make_handle(std::shared_ptr<EpochPlan> plan, std::int64_t first_epoch,
+                          std::shared_ptr<DeviceRows> device_rows) {
+  return new TfFeedHandle(std::make_shared<TfFeed>(std::move(plan), std::move(device_rows)), first_epoch);
 }
 
 }  // namespace
 
 void bind_tf_feed(py::module_& m) {
   py::class_<TfFeedHandle>(m, "TfFeed")
-      .def(py::init(&make_handle), py::arg("plan"), py::arg("first_epoch"))
+      .def(py::init(&make_handle), py::arg("plan"), py::arg("first_epoch"), py::arg("device_rows") = nullptr)
       .def_property_readonly("id", &TfFeedHandle::id)
       .def("close", &TfFeedHandle::close);
   m.attr("TF_FEED_ABI_VERSION") = NPYFEED_TF_FEED_ABI_VERSION;
@@ -47,7 +48,7 @@ void bind_tf_feed(py::module_& m) {
       "tf_feed_api", [] { return reinterpret_cast<std::uintptr_t>(&tf_feed_api()); },
       "Address of the NpyfeedTfFeedApi table (npyfeed/tf_feed_abi.h) for npyfeed.tf's op library.");
   m.def("tf_feed_owners", &tf_feed_owners,
-        "Buffers (and id lists) the op library holds from take() and ids() and has not released (for tests).");
+        "Buffers (and id lists, start rows) the op library holds from the feeds and has not released (for tests).");
 }
 
 }  // namespace npyfeed::bindings

@@ -28,7 +28,7 @@
 namespace npyfeed {
 
 /// The type arrays are held in on the device.
-enum class StorageType { kFloat16, kBFloat16, kFloat32, kFloat64 };
+enum class StorageType { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat64 = 3 };  // values: tf_feed_abi.h
 
 /// Parses "float16" / "bfloat16" / "float32" / "float64". Throws InvalidArgument.
 StorageType parse_storage_type(const std::string& name);

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "npyfeed/device_rows.hpp"
 #include "npyfeed/epoch_plan.hpp"
 #include "npyfeed/tf_feed_abi.h"
 
@@ -24,10 +25,14 @@ namespace npyfeed {
 /// A plan as the ops see it: batch b of epoch e, its sample ids, and the epoch of each new pass.
 class TfFeed {
  public:
-  explicit TfFeed(std::shared_ptr<EpochPlan> plan) : plan_(std::move(plan)) {}
+  /// `device`: the host half of batches formed on a device over the same plan (gather="device"), or null.
+  explicit TfFeed(std::shared_ptr<EpochPlan> plan, std::shared_ptr<const DeviceRows> device = nullptr)
+      : plan_(std::move(plan)), device_(std::move(device)) {}
   WindowBatch take(std::uint64_t epoch, std::size_t batch) { return plan_->take(epoch, batch); }
   std::vector<std::int64_t> ids(std::uint64_t epoch, std::size_t batch) const { return plan_->ids(epoch, batch); }
   const WindowSource& source() const { return plan_->source(); }
+  /// The device rows, or null (gather="host").
+  const DeviceRows* device() const noexcept { return device_.get(); }
 
   /// The epoch of the next pass (each call a new one, from `first_epoch` on).
   std::int64_t next_epoch() { return next_epoch_.fetch_add(1); }
@@ -43,6 +48,7 @@ class TfFeed {
 
  private:
   std::shared_ptr<EpochPlan> plan_;
+  std::shared_ptr<const DeviceRows> device_;
   std::atomic<std::int64_t> next_epoch_{0};
   std::atomic<bool> closed_{false};
 };

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define NPYFEED_TF_FEED_ABI_VERSION 1
+#define NPYFEED_TF_FEED_ABI_VERSION 2
 #define NPYFEED_TF_MAX_DIMS 32 /* numpy's limit on dimensions (NPY_MAXDIMS) */
 
 /* A batch: x and y are 64-byte aligned and owned by `owner` until release(owner). dims include the batch
@@ -39,6 +39,33 @@ typedef struct NpyfeedTfBatch {
   void* y_owner;
 } NpyfeedTfBatch;
 
+/* gather="device": the start rows of `count` samples (device_rows.hpp: window row j of sample i is factor row
+ * start[i] + j where lo[i] <= j < hi[i], the zero row elsewhere; its label is label row label[i]), owned by
+ * `owner` until release(owner). */
+typedef struct NpyfeedTfRows {
+  const int64_t* start;
+  const int64_t* lo;
+  const int64_t* hi;
+  const int64_t* label;
+  size_t count;
+  void* owner;
+} NpyfeedTfRows;
+
+/* gather="device", streamed: a group's upload, (rows, elems) arrays of the feed's storage type (64-byte aligned,
+ * zero row last, each owned by its owner until release), and its samples' start rows. */
+typedef struct NpyfeedTfGroup {
+  void* factors;
+  void* labels;
+  int64_t factor_rows;
+  int64_t factor_elems;
+  int64_t label_rows;
+  int64_t label_elems;
+  int32_t storage; /* 0 float16, 1 bfloat16, 2 float32, 3 float64 */
+  void* factors_owner;
+  void* labels_owner;
+  NpyfeedTfRows rows;
+} NpyfeedTfGroup;
+
 typedef struct NpyfeedTfFeedApi {
   uint32_t abi_version; /* NPYFEED_TF_FEED_ABI_VERSION */
   uint32_t struct_size; /* sizeof(NpyfeedTfFeedApi) */
@@ -54,6 +81,11 @@ typedef struct NpyfeedTfFeedApi {
   void (*release)(void* owner);
   /* The message of the last failure on this thread (valid until the next call on it). */
   const char* (*last_error)(void);
+  /* gather="device" (a feed made with device rows; FAILED_PRECONDITION otherwise): the start rows of batch
+   * `batch` of epoch `epoch` (resident); the number of groups of epoch `epoch`, and group `index` (streamed). */
+  int (*start_rows)(int64_t feed, uint64_t epoch, uint64_t batch, NpyfeedTfRows* out);
+  int (*num_groups)(int64_t feed, uint64_t epoch, int64_t* out);
+  int (*group)(int64_t feed, uint64_t epoch, uint64_t index, NpyfeedTfGroup* out);
 } NpyfeedTfFeedApi;
 
 #ifdef __cplusplus

@@ -140,6 +140,52 @@ extern "C" int abi_seen_epoch(int64_t id, int64_t epoch) {
   });
 }
 
+const DeviceRows& device_of(const TfFeed& feed) {
+  if (feed.device() == nullptr) throw InvalidArgument("npyfeed.tf: this feed forms no batches on a device");
+  return *feed.device();
+}
+
+// Start rows for the op library: the vectors stay where they are, owned by the returned owner.
+void hand_over(StartRows rows, NpyfeedTfRows* out) {
+  auto held = std::make_shared<const StartRows>(std::move(rows));
+  *out = NpyfeedTfRows{held->start.data(), held->lo.data(),    held->hi.data(),
+                       held->label.data(), held->start.size(), nullptr};
+  out->owner = own(std::move(held));
+}
+
+extern "C" int abi_start_rows(int64_t id, uint64_t epoch, uint64_t batch, NpyfeedTfRows* out) {
+  return with_feed(id, [&](TfFeed& feed) {
+    hand_over(device_of(feed).rows(epoch, batch), out);
+    return static_cast<int>(kOk);
+  });
+}
+
+extern "C" int abi_num_groups(int64_t id, uint64_t epoch, int64_t* out) {
+  return with_feed(id, [&](TfFeed& feed) {
+    *out = static_cast<int64_t>(device_of(feed).groups(epoch).size());
+    return static_cast<int>(kOk);
+  });
+}
+
+extern "C" int abi_group(int64_t id, uint64_t epoch, uint64_t index, NpyfeedTfGroup* out) {
+  return with_feed(id, [&](TfFeed& feed) {
+    const DeviceRows& device = device_of(feed);
+    GroupUpload g = device.group(epoch, index);
+    *out = NpyfeedTfGroup{};
+    out->factors = g.factors.buffer->data();
+    out->labels = g.labels.buffer->data();
+    out->factor_rows = static_cast<int64_t>(g.factors.rows);
+    out->factor_elems = static_cast<int64_t>(g.factors.row_elems);
+    out->label_rows = static_cast<int64_t>(g.labels.rows);
+    out->label_elems = static_cast<int64_t>(g.labels.row_elems);
+    out->storage = static_cast<int32_t>(device.storage());
+    hand_over(std::move(g.rows), &out->rows);
+    out->factors_owner = own(std::move(g.factors.buffer));
+    out->labels_owner = own(std::move(g.labels.buffer));
+    return static_cast<int>(kOk);
+  });
+}
+
 extern "C" void abi_release(void* owner) {
   delete static_cast<std::shared_ptr<const void>*>(owner);
   g_owners.fetch_sub(1, std::memory_order_relaxed);
@@ -156,6 +202,9 @@ const NpyfeedTfFeedApi kApi = {
     abi_seen_epoch,
     abi_release,
     abi_last_error,
+    abi_start_rows,
+    abi_num_groups,
+    abi_group,
 };
 
 }  // namespace

@@ -9,6 +9,11 @@
 //   NpyfeedNextEpoch(feed, pass) -> epoch        the epoch of a new pass (`pass` is the pass's dataset
 //                                                element: an input that keeps the call from being folded)
 //   NpyfeedSeenEpoch(feed, epoch) -> epoch       a pass restored at `epoch`: the next pass comes after it
+//   NpyfeedStartRows(feed, epoch, batch)         gather="device", resident: that batch's start rows into the
+//     -> start, lo, hi, label                    arrays on the device, int64 [B] each
+//   NpyfeedNumGroups(feed, epoch) -> count       gather="device", streamed: the epoch's groups of batches
+//   NpyfeedGroup(feed, epoch, group)             and one group: its arrays in the storage type T (adopted, no
+//     -> factors, labels, start, lo, hi, label   copy) and its samples' start rows
 //
 // Errors are TensorFlow errors with npyfeed's message (naming the file, index line, key). A stale id (the
 // dataset is gone) fails with FAILED_PRECONDITION. No kernel calls Python, so none holds up interpreter exit.
@@ -176,6 +181,85 @@ void compute_seen_epoch(void*, TF_OpKernelContext* ctx) {
   set_scalar_output(ctx, in[1]);
 }
 
+// ---- NpyfeedStartRows, NpyfeedNumGroups, NpyfeedGroup (gather="device")
+
+// Outputs [first, first + 4): the start rows, copied into TensorFlow's own tensors (32 bytes a sample).
+bool set_start_rows(TF_OpKernelContext* ctx, int first, const NpyfeedTfRows& rows) {
+  const int64_t* parts[4] = {rows.start, rows.lo, rows.hi, rows.label};
+  const int64_t dims[1] = {static_cast<int64_t>(rows.count)};
+  for (int i = 0; i < 4; ++i) {
+    Status status;
+    TF_Tensor* t = TF_AllocateOutput(ctx, first + i, TF_INT64, dims, 1, rows.count * sizeof(int64_t), status.get());
+    if (status.ok() && rows.count > 0) std::memcpy(TF_TensorData(t), parts[i], rows.count * sizeof(int64_t));
+    if (t != nullptr) TF_DeleteTensor(t);
+    if (!status.ok()) {
+      TF_OpKernelContext_Failure(ctx, status.get());
+      return false;
+    }
+  }
+  return true;
+}
+
+void compute_start_rows(void*, TF_OpKernelContext* ctx) {
+  int64_t in[3];
+  const NpyfeedTfFeedApi* api = api_or_fail(ctx);
+  if (api == nullptr || !scalar_inputs(ctx, 3, in)) return;
+  if (in[1] < 0 || in[2] < 0) return fail(ctx, 3, "npyfeed.tf: epoch and batch must not be negative");
+  NpyfeedTfRows rows;
+  if (int code = api->start_rows(in[0], static_cast<uint64_t>(in[1]), static_cast<uint64_t>(in[2]), &rows); code != 0) {
+    return fail(ctx, code, api->last_error());
+  }
+  set_start_rows(ctx, 0, rows);
+  api->release(rows.owner);
+}
+
+void compute_num_groups(void*, TF_OpKernelContext* ctx) {
+  int64_t in[2];
+  const NpyfeedTfFeedApi* api = api_or_fail(ctx);
+  if (api == nullptr || !scalar_inputs(ctx, 2, in)) return;
+  if (in[1] < 0) return fail(ctx, 3, "npyfeed.tf: the epoch must not be negative");
+  int64_t count = 0;
+  if (int code = api->num_groups(in[0], static_cast<uint64_t>(in[1]), &count); code != 0) {
+    return fail(ctx, code, api->last_error());
+  }
+  set_scalar_output(ctx, count);
+}
+
+// The storage type of a group (NpyfeedTfGroup::storage) as TensorFlow's.
+TF_DataType storage_dtype(int32_t storage) {
+  static const TF_DataType kTypes[] = {TF_HALF, TF_BFLOAT16, TF_FLOAT, TF_DOUBLE};
+  return storage >= 0 && storage < 4 ? kTypes[storage] : static_cast<TF_DataType>(0);
+}
+
+void compute_group(void* k, TF_OpKernelContext* ctx) {
+  const TF_DataType dtype = static_cast<TakeKernel*>(k)->dtype;
+  int64_t in[3];
+  const NpyfeedTfFeedApi* api = api_or_fail(ctx);
+  if (api == nullptr || !scalar_inputs(ctx, 3, in)) return;
+  if (in[1] < 0 || in[2] < 0) return fail(ctx, 3, "npyfeed.tf: epoch and group must not be negative");
+  NpyfeedTfGroup g;
+  if (int code = api->group(in[0], static_cast<uint64_t>(in[1]), static_cast<uint64_t>(in[2]), &g); code != 0) {
+    return fail(ctx, code, api->last_error());
+  }
+  void* labels_owner = g.labels_owner;
+  const bool ok = storage_dtype(g.storage) == dtype;
+  const size_t item = dtype == TF_DOUBLE ? 8 : dtype == TF_FLOAT ? 4 : 2;
+  const int64_t factor_dims[2] = {g.factor_rows, g.factor_elems};
+  const int64_t label_dims[2] = {g.label_rows, g.label_elems};
+  if (!ok) {
+    api->release(g.factors_owner);
+    api->release(labels_owner);
+    fail(ctx, 3, "npyfeed.tf: the op's dtype is not the feed's storage type");
+  } else if (!set_adopted_output(ctx, 0, dtype, factor_dims, 2, g.factors,
+                                 static_cast<size_t>(g.factor_rows * g.factor_elems) * item, g.factors_owner)) {
+    api->release(labels_owner);
+  } else if (set_adopted_output(ctx, 1, dtype, label_dims, 2, g.labels,
+                                static_cast<size_t>(g.label_rows * g.label_elems) * item, labels_owner)) {
+    set_start_rows(ctx, 2, g.rows);
+  }
+  api->release(g.rows.owner);
+}
+
 // ---- Registration
 
 void unknown_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
@@ -185,7 +269,7 @@ void unknown_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
 struct OpSpec {
   const char* name;
   const char* inputs[3];
-  const char* outputs[2];
+  const char* outputs[6];
   const char* attr;
   void* (*create)(TF_OpKernelConstruction*);
   void (*compute)(void*, TF_OpKernelContext*);
@@ -225,6 +309,27 @@ const OpSpec kOps[] = {
      create_plain,
      compute_seen_epoch,
      delete_plain},
+    {"NpyfeedStartRows",
+     {"feed: int64", "epoch: int64", "batch: int64"},
+     {"start: int64", "lo: int64", "hi: int64", "label: int64"},
+     nullptr,
+     create_plain,
+     compute_start_rows,
+     delete_plain},
+    {"NpyfeedNumGroups",
+     {"feed: int64", "epoch: int64", nullptr},
+     {"count: int64"},
+     nullptr,
+     create_plain,
+     compute_num_groups,
+     delete_plain},
+    {"NpyfeedGroup",
+     {"feed: int64", "epoch: int64", "group: int64"},
+     {"factors: T", "labels: T", "start: int64", "lo: int64", "hi: int64", "label: int64"},
+     "T: {half, bfloat16, float, double}",
+     create_take,
+     compute_group,
+     delete_take},
 };
 
 // Failures here cannot be raised: they leave the op unregistered, and using it says so.

@@ -19,7 +19,7 @@ typedef struct TF_OpKernelConstruction TF_OpKernelConstruction;
 typedef struct TF_OpKernelContext TF_OpKernelContext;
 
 typedef enum TF_Code { TF_OK = 0, TF_FAILED_PRECONDITION = 9, TF_INTERNAL = 13 } TF_Code;  // others by value
-typedef enum TF_DataType { TF_FLOAT = 1, TF_DOUBLE = 2, TF_INT64 = 9 } TF_DataType;
+typedef enum TF_DataType { TF_FLOAT = 1, TF_DOUBLE = 2, TF_INT64 = 9, TF_BFLOAT16 = 14, TF_HALF = 19 } TF_DataType;
 
 // tf_status.h
 TF_Status* TF_NewStatus(void);
