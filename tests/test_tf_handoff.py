@@ -21,11 +21,12 @@ BATCH = 8
 @pytest.fixture(scope="module")
 def tf():
     tf = pytest.importorskip("tensorflow")
+    import npyfeed._tf_feed
     import npyfeed.tf
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NPYFEED_TF_OPS", "1")
-        if npyfeed.tf._native_ops() is None:
+        if npyfeed._tf_feed.native_ops() is None:
             pytest.skip("npyfeed's op library did not load")
         yield tf
 

@@ -55,16 +55,10 @@ the epoch is part of the checkpointed position and a restored repeat continues a
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
 import functools
 import inspect
-import logging
 import os
-import threading
-import time
-import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -74,13 +68,12 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import gen_dataset_ops
 
-from . import _checks, _core
+from . import _checks, _tf_feed
 from . import stats as _stats
 from .plan import DEFAULT_MEMORY_BUDGET
 
 __all__ = ["dataset", "StatsCallback"]
 
-log = logging.getLogger("npyfeed")
 
 
 def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, drop_remainder: bool = False,
@@ -228,49 +221,16 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         target = device if device is not None else _default_device()
         _check_device(target)
         on_device = DeviceGather(src, plan, target, storage_dtype, device_memory_budget)
-        with _state:
-            _state.touch()  # its host half is Python in TensorFlow's threads: the exit hook waits for it
+        _tf_feed.expect_python_calls()  # its host half is Python in TensorFlow's threads: the exit hook waits for it
     steps = len(batches)
 
     dtype = tf.as_dtype(np.dtype(src.dtype))
     batch_dim = int(batch_size) if drop_remainder else None
     x_shape, y_shape = (batch_dim, *src.x_shape), (batch_dim, *src.y_shape)
 
-    ops = _native_ops()
-    if ops is not None:
-        # The graph holds only the feed's id; the feed stays registered while the datasets hold it (an iterator
-        # through its dataset; in a graph, the graph itself: _hold_in_graph).
-        feed = _core.TfFeed(batches, int(epoch))
-        feed_id = feed.id
-        if not tf.executing_eagerly():
-            _hold_in_graph(feed)
-
-        def start_pass(p):
-            return ops.npyfeed_next_epoch(feed_id, p, name="npyfeed_next_epoch")
-
-        def seen(e):
-            return ops.npyfeed_seen_epoch(feed_id, e, name="npyfeed_epoch")
-
-        def take(e, b):
-            return ops.npyfeed_take(feed_id, e, b, T=dtype, name="npyfeed_gather")
-    else:
-        # In a graph (tf.compat.v1, tf.estimator, inside a tf.function) the pipeline outlives the Python dataset,
-        # and the graph owns the gather: hold it strongly there.
-        gather = _Gather(batches, weak=weak)
-        passes = _Passes(epoch)
-        feed = None
-
-        def start_pass(_):
-            return tf.numpy_function(passes.start, [], tf.int64, stateful=False, name="npyfeed_next_epoch")
-
-        def seen(e):
-            return tf.numpy_function(passes.seen, [e], tf.int64, stateful=False, name="npyfeed_epoch")
-
-        def take(e, b):
-            return tf.numpy_function(gather, [e, b], (dtype, dtype), stateful=False, name="npyfeed_gather")
-
-        with _state:
-            _state.touch()  # from now on the exit hook waits for TensorFlow's threads to go quiet
+    feed, registration = _tf_feed.open_feed(batches, epoch, dtype)
+    start_pass, seen, take = feed.start_pass, feed.seen, feed.take
+    native = isinstance(feed, _tf_feed.NativeFeed)
 
     def one_epoch(e):
         # Also called when a checkpointed iterator is restored into epoch e: the next pass continues after it.
@@ -284,7 +244,7 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
 
     def start_rows(e, b):
         # gather="device": the host's part of a step, four int64 vectors of B (no window crosses to the device).
-        rows = _DeviceCall(on_device, "rows", weak)
+        rows = _tf_feed.DeviceCall(on_device, "rows", weak)
         return tf.numpy_function(rows, [e, b], (tf.int64,) * 4, stateful=False, name="npyfeed_rows")
 
     def form(start, lo, hi, y_row):
@@ -294,14 +254,14 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     def epoch_groups(e):
         # gather="device", streamed: epoch e's groups of batches, as (e, g) like one_epoch's (e, b).
         e = tf.ensure_shape(seen(e), ())
-        count = tf.numpy_function(_DeviceCall(on_device, "num_groups", weak), [e], tf.int64, stateful=False,
+        count = tf.numpy_function(_tf_feed.DeviceCall(on_device, "num_groups", weak), [e], tf.int64, stateful=False,
                                   name="npyfeed_groups")
         return tf.data.Dataset.range(tf.ensure_shape(count, ())).map(lambda g: (e, g))
 
     def load_group(e, g):
         # The group's upload (host arrays) and start rows.
         storage = on_device.storage
-        out = tf.numpy_function(_DeviceCall(on_device, "group", weak), [e, g], (storage, storage) + (tf.int64,) * 4,
+        out = tf.numpy_function(_tf_feed.DeviceCall(on_device, "group", weak), [e, g], (storage, storage) + (tf.int64,) * 4,
                                 stateful=False, name="npyfeed_group")
         shapes = [(None, on_device.x_elems), (None, on_device.y_elems)] + [(None,)] * 4
         return tuple(tf.ensure_shape(t, s) for t, s in zip(out, shapes))
@@ -322,7 +282,7 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     def with_checkpoint_options(ds):
         options = tf.data.Options()
         options.experimental_symbolic_checkpoint = True  # checkpoints hold positions, not prefetched batches
-        if on_device is None and ops is not None:
+        if on_device is None and native:
             # The stream reads ahead by itself: a prefetch that tf.data would inject is one more thread hop per
             # batch and holds batches for nothing.
             options.experimental_optimization.inject_prefetch = False
@@ -352,7 +312,7 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         if on_device is not None and on_device.streams:
             return finish_streamed(positions, cardinality)
         if on_device is None:
-            if ops is not None:
+            if native:
                 # The op takes the batch from the stream, which gathers the next ones meanwhile: no prefetch, no
                 # thread hop.
                 ds = _map_in_caller(positions, load)
@@ -360,7 +320,7 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
                 # The fallback's numpy_function needs the GIL: in TensorFlow's threads, beside the caller's.
                 ds = positions.map(load, num_parallel_calls=1, deterministic=True)
             ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
-            ds = with_checkpoint_options(ds if ops is not None else ds.prefetch(tf.data.AUTOTUNE))
+            ds = with_checkpoint_options(ds if native else ds.prefetch(tf.data.AUTOTUNE))
             if device is not None:
                 ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
             return ds
@@ -383,23 +343,24 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         with host_scope():
             ds = finish(epochs.flat_map(per_epoch), cardinality)
         if device is not None or (on_device is not None and not _is_host(target)):
-            return _hold(ds, batches, feed, on_device)
-        return _hold(_Dataset(ds), batches, feed, on_device)
+            return _hold(ds, batches, registration, on_device)
+        return _hold(_Dataset(ds), batches, registration, on_device)
 
     per_epoch = epoch_groups if on_device is not None and on_device.streams else one_epoch
     with host_scope():
         ds = finish(tf.data.Dataset.range(1).map(start_pass).flat_map(per_epoch), steps)
     if device is not None or (on_device is not None and not _is_host(target)):
-        return _hold(ds, batches, feed, on_device)
-    return _hold(_Dataset(ds, repeat), batches, feed, on_device)  # (its repeat() reads consecutive epochs)
+        return _hold(ds, batches, registration, on_device)
+    return _hold(_Dataset(ds, repeat), batches, registration, on_device)  # (its repeat() reads consecutive epochs)
 
 
-def _hold(ds, batches, feed, on_device=None):
-    """The dataset holds the plan (see _Gather) and, on the native path, the feed its graph names by id: an
+def _hold(ds, batches, registration, on_device=None):
+    """The dataset holds the plan (see `_tf_feed.FallbackGather`) and, on the native path, the feed's
+    `registration` its graph names by id: an
     iterator holds its dataset, so the feed stays registered while anything can still ask it for a batch. With
     gather="device" it also holds the arrays on the device (`_device.DeviceGather`)."""
     ds._npyfeed_batches = batches
-    ds._npyfeed_feed = feed
+    ds._npyfeed_feed = registration
     ds._npyfeed_device = on_device
     # Live statistics of its plan (npyfeed.stats): on this dataset object, not on datasets derived from it.
     ds._stats_core = lambda: batches.stats
@@ -407,49 +368,6 @@ def _hold(ds, batches, feed, on_device=None):
     return ds
 
 
-def _hold_in_graph(feed) -> None:
-    """In a graph (tf.compat.v1, inside a tf.function) the pipeline outlives the Python dataset: the graph holds
-    the feed (as it holds a ``numpy_function``'s callable), and lets it go with the graph."""
-    graph = tf.compat.v1.get_default_graph()
-    held = getattr(graph, "_npyfeed_feeds", None)
-    if held is None:
-        held = graph._npyfeed_feeds = []
-    held.append(feed)
-
-
-#: The environment variable that chooses the path: "0" forces the numpy_function fallback.
-_OPS_ENV = "NPYFEED_TF_OPS"
-_ops_lock = threading.Lock()
-_ops_result: list = []  # [module or None] once tried
-
-
-def _native_ops():
-    """npyfeed's op library (``_tf_ops.so``), initialised with _core's feed table; None for the
-    ``numpy_function`` fallback (``NPYFEED_TF_OPS=0``, or the library does not load: one warning says why)."""
-    if os.environ.get(_OPS_ENV, "1").strip() == "0":
-        return None
-    with _ops_lock:
-        if not _ops_result:
-            _ops_result.append(_load_native_ops())
-        return _ops_result[0]
-
-
-def _load_native_ops():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tf_ops.so")
-    try:
-        if not os.path.exists(path):
-            raise OSError(f"{path} is not installed")
-        ops = tf.load_op_library(path)
-        # The same handle as TensorFlow's (dlopen of one path): its init sees the ops' globals.
-        init = ctypes.CDLL(path).npyfeed_tf_ops_init
-        init.argtypes, init.restype = [ctypes.c_void_p], ctypes.c_int
-        if init(_core.tf_feed_api()) != 0:
-            raise RuntimeError(f"{path} was built for another version of _core's feed table")
-        return ops
-    except Exception as e:  # noqa: BLE001 - any failure means the fallback, said once
-        log.warning("npyfeed.tf: native ops unavailable (%s: %s); batches go through tf.numpy_function",
-                    type(e).__name__, e)
-        return None
 
 
 def _default_device() -> str:
@@ -480,44 +398,6 @@ def _check_device(device: str) -> None:
         raise ValueError(f"device {device!r}: TensorFlow sees {len(known)} {kind} device(s) "
                          f"({', '.join(d.name for d in known) or 'none'})")
 
-
-class _DeviceCall:
-    """gather="device": a host half of a step (`DeviceGather.rows`, `.groups`, `.group`), held weakly in eager
-    mode like `_Gather`."""
-
-    def __init__(self, on_device, method: str, weak: bool):
-        self._device = weakref.ref(on_device) if weak else (lambda: on_device)
-        self._method = method
-
-    def __call__(self, *args):
-        on_device = self._device()
-        if on_device is None:
-            raise RuntimeError("npyfeed.tf: the dataset was garbage-collected while its pipeline still ran")
-        if not _state.enter():  # as _Gather: the exit hook waits for calls in flight and refuses new ones
-            raise RuntimeError("npyfeed.tf: the interpreter is exiting")
-        try:
-            return getattr(on_device, self._method)(*args)
-        finally:
-            _state.leave()
-
-
-class _Passes:
-    """The epoch of each new pass. Its calls are ``numpy_function(stateful=False)``: a checkpoint does not hold
-    this count (a restored iterator calls `seen` with its epoch instead), and TensorFlow need not warn about it."""
-
-    def __init__(self, epoch: int):
-        self._next = epoch
-        self._lock = threading.Lock()
-
-    def start(self) -> np.int64:
-        with self._lock:
-            self._next += 1
-            return np.int64(self._next - 1)
-
-    def seen(self, epoch) -> np.int64:
-        with self._lock:
-            self._next = max(self._next, int(epoch) + 1)
-        return np.int64(epoch)
 
 
 class _Dataset(dataset_ops.UnaryUnchangedStructureDataset):
@@ -572,91 +452,6 @@ def _map_in_caller(ds, fn):
 _SYNCHRONOUS_MAP = "force_synchronous" in inspect.signature(map_op._MapDataset.__init__).parameters
 
 
-class _Gather:
-    """Batch b of epoch e, as ``tf.numpy_function`` calls it: one Python call per batch, GIL released inside.
-
-    TensorFlow keeps a ``numpy_function``'s callable (in the traced function's graph) after the dataset is gone,
-    so in eager mode this holds the gather (and through it the source, its mappings and buffers) only weakly: the
-    datasets returned by `dataset` hold it, and an iterator holds its dataset.
-    """
-
-    def __init__(self, batches, weak: bool):
-        self._batches = weakref.ref(batches) if weak else (lambda: batches)
-        self.num_batches = len(batches)
-
-    def __call__(self, epoch, batch):
-        batches = self._batches()
-        if batches is None:
-            raise RuntimeError("npyfeed.tf: the dataset was garbage-collected while its pipeline still ran")
-        if not _state.enter():
-            raise RuntimeError("npyfeed.tf: the interpreter is exiting")
-        try:
-            return batches.take(int(epoch), int(batch))
-        finally:
-            _state.leave()
-
-
-class _State(threading.Condition):
-    """Process-wide bookkeeping for the exit hook: gathers in flight, last activity."""
-
-    def __init__(self):
-        super().__init__(threading.Lock())
-        self.closing = False
-        self.in_flight = 0
-        self.used = False
-        self.last_activity = 0.0
-
-    def touch(self) -> None:  # with the lock held
-        self.used = True
-        self.last_activity = time.monotonic()
-
-    def enter(self) -> bool:
-        with self:
-            self.touch()
-            if self.closing:
-                return False
-            self.in_flight += 1
-            return True
-
-    def leave(self) -> None:
-        with self:
-            self.in_flight -= 1
-            self.touch()
-            self.notify_all()
-
-
-_state = _State()
-
-#: After the exit hook stopped new gathers, it waits for this long without any gather call (enough for a
-#: TensorFlow thread that was waiting for the GIL to make its call, see the end, and finalize).
-_QUIET_S = 0.2
-#: The longest the exit hook waits for gathers in flight.
-_EXIT_TIMEOUT_S = 30.0
-
-
-def _stop_all_feeds() -> None:
-    """Exit hook: make further gathers fail, then wait until none is in flight and all is quiet."""
-    with _state:
-        if _state.closing:
-            return
-        _state.closing = True
-        if not _state.used:
-            return
-        _state.touch()
-    deadline = time.monotonic() + _EXIT_TIMEOUT_S
-    with _state:
-        while True:
-            now = time.monotonic()
-            if _state.in_flight == 0 and now - _state.last_activity >= _QUIET_S:
-                return
-            if now >= deadline:
-                log.warning("npyfeed.tf: %d batch gather(s) still in flight at exit after %.0f s",
-                            _state.in_flight, _EXIT_TIMEOUT_S)
-                return
-            _state.wait(min(_QUIET_S / 4, deadline - now))  # releases the GIL
-
-
-atexit.register(_stop_all_feeds)
 
 
 class StatsCallback(_stats.EpochStatsCallback, tf.keras.callbacks.Callback):
