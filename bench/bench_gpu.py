@@ -64,23 +64,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def streamed_epoch_bytes(on_device, epoch: int) -> int:
-    """Bytes the streamed feed uploads over epoch `epoch` (from its groups, no IO): each block's rows and zero
-    row, and each straddling batch's windows."""
-    table, blocks = on_device.groups(epoch)
-    size = on_device.storage.size
-    total = 0
-    for first_batch, end_batch, first_block, last_block in table:
-        if first_block == last_block:
-            keys = np.asarray(blocks[first_block][2], np.int64)
-            total += (int(on_device.factor_len[keys].sum()) + 1) * on_device.x_elems * size
-            total += (int(on_device.label_len[keys].sum()) + 1) * on_device.y_elems * size
-        else:
-            n = (end_batch - first_batch) * on_device.batch_size
-            total += ((n * on_device.window + 1) * on_device.x_elems + (n + 1) * on_device.y_elems) * size
-    return total
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.quick:
@@ -182,7 +165,7 @@ def main(argv=None) -> int:
             if name == "streamed":  # the start rows, and what a whole epoch uploads over its steps
                 on_device = ds._npyfeed_device
                 assert on_device.streams, "the streamed feed must be over its device budget"
-                h2d_bytes["streamed"] = on_device.host_bytes_per_step + streamed_epoch_bytes(on_device, r) / per_epoch
+                h2d_bytes["streamed"] = on_device.host_bytes_per_step + on_device.host_rows.streamed_epoch_bytes(r) / per_epoch
             del it, ds
         return best
 

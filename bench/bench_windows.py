@@ -525,6 +525,7 @@ class NpyfeedTF(Npyfeed):
 
     def open(self, data, batches, log):
         import npyfeed.tf as nftf
+        from npyfeed import _tf_feed
 
         self.handle = _SourceHandle(self.make_source(data))
         # A new dataset per measurement: its first pass is epoch 0, the order every contender uses. The path is
@@ -532,7 +533,7 @@ class NpyfeedTF(Npyfeed):
         saved = os.environ.get("NPYFEED_TF_OPS")
         os.environ["NPYFEED_TF_OPS"] = "1" if self.path == "native" else "0"
         try:
-            if self.path == "native" and nftf._native_ops() is None:
+            if self.path == "native" and _tf_feed.native_ops() is None:
                 raise SystemExit("npyfeed.tf's op library did not load: no native row")
             self.dataset = nftf.dataset(self.handle, data.batch, shuffle=True, seed=data.seed)
         finally:

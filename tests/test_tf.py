@@ -47,12 +47,13 @@ PATHS = ["native", "numpy_function"]
 def tf(request):
     """TensorFlow, with npyfeed.tf on one path (every in-process test runs on both)."""
     tf = pytest.importorskip("tensorflow")
+    import npyfeed._tf_feed
     import npyfeed.tf
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NPYFEED_TF_OPS", "1" if request.param == "native" else "0")
         # The native path must really be the one tested: the op library loads wherever npyfeed was built.
-        assert (npyfeed.tf._native_ops() is not None) == (request.param == "native")
+        assert (npyfeed._tf_feed.native_ops() is not None) == (request.param == "native")
         _start_gather_workers()
         yield tf
 
@@ -66,10 +67,10 @@ def _start_gather_workers():
 
 @pytest.fixture
 def numpy_function_path(tf):
-    """For tests of the fallback's own machinery (its ``_Gather``): skipped on the native path."""
-    import npyfeed.tf
+    """For tests of the fallback's own machinery (its ``FallbackGather``): skipped on the native path."""
+    import npyfeed._tf_feed
 
-    if npyfeed.tf._native_ops() is not None:
+    if npyfeed._tf_feed.native_ops() is not None:
         pytest.skip("tests the numpy_function path's gather")
 
 
@@ -252,17 +253,17 @@ def test_tf_adopts_aligned_batch_buffers_without_copying(tf, src):
 @pytest.fixture
 def recorded(monkeypatch, numpy_function_path):
     """Every batch npyfeed.tf's gather hands to TensorFlow (its ``numpy_function``), in call order."""
-    import npyfeed.tf
+    import npyfeed._tf_feed
 
     calls = []
-    gather = npyfeed.tf._Gather.__call__
+    gather = npyfeed._tf_feed.FallbackGather.__call__
 
     def record(self, epoch, batch):
         out = gather(self, epoch, batch)
         calls.append((int(epoch), int(batch), out))
         return out
 
-    monkeypatch.setattr(npyfeed.tf._Gather, "__call__", record)
+    monkeypatch.setattr(npyfeed._tf_feed.FallbackGather, "__call__", record)
     return calls
 
 
@@ -286,16 +287,17 @@ def test_batches_reach_tensorflow_without_a_copy(tf, src, recorded):
 
 
 def test_an_error_in_a_gather_reaches_the_loop(tf, src, monkeypatch, numpy_function_path):
+    import npyfeed._tf_feed
     import npyfeed.tf
 
-    gather = npyfeed.tf._Gather.__call__
+    gather = npyfeed._tf_feed.FallbackGather.__call__
 
     def failing(self, epoch, batch):  # the third batch fails, as a file truncated under it would
         if int(batch) == 2:
             raise OSError("disk gone under k3.npy")
         return gather(self, epoch, batch)
 
-    monkeypatch.setattr(npyfeed.tf._Gather, "__call__", failing)
+    monkeypatch.setattr(npyfeed._tf_feed.FallbackGather, "__call__", failing)
     got = []
     with pytest.raises(tf.errors.OpError, match="disk gone under k3.npy"):
         for x, _ in npyfeed.tf.dataset(src, 4):
@@ -321,9 +323,9 @@ def test_a_file_truncated_under_the_pipeline_fails_naming_it(tf, tmp_path):
 
 @pytest.fixture
 def native_ops(tf):
-    import npyfeed.tf
+    import npyfeed._tf_feed
 
-    ops = npyfeed.tf._native_ops()
+    ops = npyfeed._tf_feed.native_ops()
     if ops is None:
         pytest.skip("tests the op library")
     return ops
@@ -376,12 +378,13 @@ def test_native_stale_feed_is_a_clear_error(tf, src, native_ops):
 
 
 def test_an_op_library_that_does_not_load_falls_back_with_one_warning(tf, src, monkeypatch, caplog):
+    import npyfeed._tf_feed
     import npyfeed.tf
 
     def refuse(path):
         raise tf.errors.NotFoundError(None, None, f"{path}: undefined symbol: TF_Something")
 
-    monkeypatch.setattr(npyfeed.tf, "_ops_result", [])  # not tried yet in this process
+    monkeypatch.setattr(npyfeed._tf_feed, "_ops_result", [])  # not tried yet in this process
     monkeypatch.setattr(tf, "load_op_library", refuse)
     monkeypatch.delenv("NPYFEED_TF_OPS", raising=False)
     with caplog.at_level("WARNING", logger="npyfeed"):
@@ -529,11 +532,12 @@ _GATHER_IN_FLIGHT_AT_EXIT = """
         print(f"gathers in flight as finalization starts: {len(gathers_in_flight)}", file=sys.stderr, flush=True)
 
     atexit.register(report_at_finalization)
+    import npyfeed._tf_feed
     import npyfeed.tf
     if DISABLE_HOOK:
-        atexit.unregister(npyfeed.tf._stop_all_feeds)
+        atexit.unregister(npyfeed._tf_feed.stop_python_calls)
 
-    gather, init = npyfeed.tf._Gather.__call__, npyfeed.tf._Gather.__init__
+    gather, init = npyfeed._tf_feed.FallbackGather.__call__, npyfeed._tf_feed.FallbackGather.__init__
 
     class SlowBatches:  # each gather takes 2 s, in the C++ call's place (GIL released, inside the hook's count)
         def __init__(self, batches):
@@ -555,7 +559,7 @@ _GATHER_IN_FLIGHT_AT_EXIT = """
         finally:
             gathers_in_flight.pop()
 
-    npyfeed.tf._Gather.__init__, npyfeed.tf._Gather.__call__ = slow_init, counted
+    npyfeed._tf_feed.FallbackGather.__init__, npyfeed._tf_feed.FallbackGather.__call__ = slow_init, counted
     it = iter(npyfeed.tf.dataset(src, 4))
     next(it)
     deadline = time.monotonic() + 60
@@ -566,7 +570,9 @@ _GATHER_IN_FLIGHT_AT_EXIT = """
 """
 # gather="device": its host half (start rows, or a streamed group) is Python too; the same exit as above, with that
 # call taking 2 s.
+# gather="device"'s host half is Python only on the numpy_function path (native ops otherwise).
 _DEVICE_CALL_IN_FLIGHT_AT_EXIT = """
+    os.environ["NPYFEED_TF_OPS"] = "0"
     import atexit
     gathers_in_flight = []
 
@@ -653,14 +659,21 @@ _SCRIPTS = {
     """,
     # The native path: gathers in flight (batches of 25 MB) as the script exits, no exit hook involved.
     "exit_with_native_gathers_in_flight": """
+        import npyfeed._tf_feed
         import npyfeed.tf
-        assert npyfeed.tf._native_ops() is not None
+        assert npyfeed._tf_feed.native_ops() is not None
         big = npyfeed.WindowSource.from_arrays([(f, f, "a") for f in range(99, 20000, 5)],
                                                {"a": np.ones((20000, 256), np.float32)},
                                                {"a": np.ones((20000, 1), np.float32)}, 100, threads=1)
         it = iter(npyfeed.tf.dataset(big, 256, prefetch=4).repeat())
         next(it)
-        assert not npyfeed.tf._state.used, "the native path went through the exit hook's bookkeeping"
+        # gather="device" on the native path: its host half is ops too (start rows; a streamed epoch's groups).
+        resident = npyfeed.tf.dataset(src, 4, shuffle=True, gather="device", device="/cpu:0")
+        streamed = npyfeed.tf.dataset(src, 4, shuffle="blocks", memory_budget=1000, gather="device",
+                                      device="/cpu:0", device_memory_budget=3000)
+        assert streamed._npyfeed_device.streams and not resident._npyfeed_device.streams
+        assert len(list(resident)) == len(list(streamed)) == len(resident._npyfeed_batches)
+        assert not npyfeed._tf_feed.python_calls.used, "the native path went through the exit hook's bookkeeping"
         print("ok")
     """,
     # TensorFlow's threads flush subnormals to zero (FTZ/DAZ); gather workers started from such a thread must not.
@@ -723,7 +736,7 @@ _SCRIPTS = {
 
 
 # The exits on the numpy_function path as well (the default is the native path).
-for _name in ["exit_after_fit_steps_per_epoch", "exit_after_break", "exit_after_ctrl_c"]:
+for _name in ["exit_after_fit_steps_per_epoch", "exit_after_break", "exit_after_ctrl_c", "exit_after_break_device"]:
     _SCRIPTS[_name + "_numpy_function"] = 'os.environ["NPYFEED_TF_OPS"] = "0"\n' + textwrap.dedent(_SCRIPTS[_name])
 
 #: Scripts that may hang at exit: killed `HANG_S` after they printed "ok" (began to exit).
@@ -823,7 +836,7 @@ def test_import_npyfeed_does_not_import_tensorflow(scripts):
                                   "exit_with_device_call_in_flight", "exit_after_break_device",
                                   "exit_after_ctrl_c", "exit_with_native_gathers_in_flight",
                                   "exit_after_fit_steps_per_epoch_numpy_function", "exit_after_break_numpy_function",
-                                  "exit_after_ctrl_c_numpy_function"])
+                                  "exit_after_ctrl_c_numpy_function", "exit_after_break_device_numpy_function"])
 def test_stopping_early_and_exiting_does_not_hang(scripts, name):
     err = scripts.result(name)
     assert "Traceback" not in err

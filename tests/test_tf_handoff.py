@@ -21,11 +21,12 @@ BATCH = 8
 @pytest.fixture(scope="module")
 def tf():
     tf = pytest.importorskip("tensorflow")
+    import npyfeed._tf_feed
     import npyfeed.tf
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NPYFEED_TF_OPS", "1")
-        if npyfeed.tf._native_ops() is None:
+        if npyfeed._tf_feed.native_ops() is None:
             pytest.skip("npyfeed's op library did not load")
         yield tf
 
@@ -96,13 +97,15 @@ def test_the_fallback_keeps_its_prefetch(tf, src, monkeypatch):
 
 
 def test_eager_iterators_are_npyfeeds_and_read_the_numpy_batches(tf, src):
+    import npyfeed._tf_pipeline
+
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3)
     it = iter(ds)
-    assert type(it) is npyfeed.tf._Iterator
+    assert type(it) is npyfeed._tf_pipeline.HostIterator
     assert isinstance(it, tf.data.Iterator)
     _assert_batches(list(it), _expected(src, [0]))
     repeated = ds.repeat(2)  # epochs 0 and 1: repeat() counts from the dataset's first epoch
-    assert type(iter(repeated)) is npyfeed.tf._Iterator
+    assert type(iter(repeated)) is npyfeed._tf_pipeline.HostIterator
     _assert_batches(list(repeated), _expected(src, [0, 1]))
     _assert_batches(list(ds), _expected(src, [2]))  # the next pass continues after the epochs repeat() read
 

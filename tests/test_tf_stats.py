@@ -20,11 +20,12 @@ BATCH = 8
 @pytest.fixture(scope="module", params=["native", "numpy_function"])
 def tf(request):
     tf = pytest.importorskip("tensorflow")
+    import npyfeed._tf_feed
     import npyfeed.tf
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NPYFEED_TF_OPS", "1" if request.param == "native" else "0")
-        assert (npyfeed.tf._native_ops() is not None) == (request.param == "native")
+        assert (npyfeed._tf_feed.native_ops() is not None) == (request.param == "native")
         yield tf
 
 

@@ -92,6 +92,9 @@ class DeviceRows {
 
   /// Streamed: epoch `epoch`'s groups (the last epoch's are kept).
   std::vector<DeviceGroup> groups(std::uint64_t epoch) const;
+  /// Streamed: the bytes epoch `epoch`'s groups upload, counted without reading (each block's rows and zero
+  /// rows, each straddling batch's windows).
+  std::uint64_t streamed_epoch_bytes(std::uint64_t epoch) const;
   /// Streamed: group `index` of epoch `epoch`, read. Counted as uploaded, and its batches as served.
   /// Throws IndexOutOfRange for an index past the epoch's groups.
   GroupUpload group(std::uint64_t epoch, std::size_t index) const;

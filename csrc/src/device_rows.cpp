@@ -333,6 +333,29 @@ std::shared_ptr<const std::vector<DeviceGroup>> DeviceRows::groups_of(std::uint6
 
 std::vector<DeviceGroup> DeviceRows::groups(std::uint64_t epoch) const { return *groups_of(epoch, nullptr); }
 
+std::uint64_t DeviceRows::streamed_epoch_bytes(std::uint64_t epoch) const {
+  std::vector<ShardBlock> blocks;
+  const auto groups = groups_of(epoch, &blocks);
+  const WindowSource& source = plan_->source();
+  const auto window = static_cast<std::uint64_t>(source.options().window);
+  const std::uint64_t batch = plan_->spec().batch_size;
+  std::uint64_t rows_x = 0, rows_y = 0;
+  for (const DeviceGroup& g : *groups) {
+    if (g.first_block == g.last_block) {
+      const Layout layout = layout_of(blocks.at(g.first_block).keys);
+      rows_x += static_cast<std::uint64_t>(layout.factor_zero) + 1;
+      rows_y += static_cast<std::uint64_t>(layout.label_zero) + 1;
+    } else {
+      // One batch: its samples' windows and label rows (the last batch may be smaller).
+      const std::uint64_t first = g.first_batch * batch;
+      const std::uint64_t n = std::min<std::uint64_t>(first + batch, plan_->shard_size()) - first;
+      rows_x += n * window + 1;
+      rows_y += n + 1;
+    }
+  }
+  return (rows_x * x_elems_ + rows_y * y_elems_) * storage_size(storage_);
+}
+
 HostRows DeviceRows::straddler_windows(const std::vector<std::int64_t>& ids, bool label) const {
   const WindowSource& source = plan_->source();
   const std::int64_t window = label ? 1 : source.options().window;

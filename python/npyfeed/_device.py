@@ -160,8 +160,9 @@ class DeviceGather:
         self.y_elems = int(np.prod(self.y_row_shape, dtype=np.int64))
         self.sample_bytes = (self.window * self.x_elems + self.y_elems) * self.out_dtype.size  # of a formed batch
         self.pad = src.bounds == "pad"
-        self._rows = host_rows
-        needed = self._rows.resident_bytes
+        self.host_rows = host_rows  # the core's half, which the pipeline's feed calls
+        self._plan = plan
+        needed = self.host_rows.resident_bytes
         batch_bytes = self.batch_size * self.sample_bytes
         if budget is None:
             free = device_free_bytes(device)
@@ -172,15 +173,13 @@ class DeviceGather:
         in_graph = not tf.executing_eagerly()
         resident_limit = min(budget, GRAPH_CONSTANT_BYTES + BATCHES_HELD * batch_bytes) if in_graph else budget
         self.streams = needed + BATCHES_HELD * batch_bytes > resident_limit
-        self.host_bytes_per_step = 0  # bytes the last step's host half handed to TensorFlow per batch
-        self.uploaded_bytes = 0  # bytes of arrays handed to TensorFlow for the device so far
         if not self.streams:
             self.needed_bytes = needed + BATCHES_HELD * batch_bytes
             self.factors = self._upload_resident(False, device)
             self.labels = self._upload_resident(True, device)
             return
         blocks = shuffle_kind(plan.shuffle) == "blocks"
-        keys = len(self._rows.keys)
+        keys = len(self.host_rows.keys)
         if not blocks and needed + BATCHES_HELD * batch_bytes <= budget:
             raise ValueError(
                 f"gather='device' in a graph (tf.compat.v1, tf.estimator) holds its arrays as graph constants, "
@@ -192,7 +191,7 @@ class DeviceGather:
                 f"{keys} keys and {BATCHES_HELD} batches, over the device_memory_budget of {budget} bytes; use "
                 f"shuffle='blocks' (each block uploaded once per epoch), shard_by='keys' (each process uploads its "
                 f"shard's keys only), a smaller storage_dtype (e.g. 'float16'), or gather='host'")
-        self.group_bytes = self._rows.largest_group_bytes
+        self.group_bytes = self.host_rows.largest_group_bytes
         self.needed_bytes = GROUPS_HELD * self.group_bytes + BATCHES_HELD * batch_bytes
         if self.needed_bytes > budget:
             raise ValueError(
@@ -201,24 +200,31 @@ class DeviceGather:
                 f"{BATCHES_HELD} batches: {self.needed_bytes} bytes, over the device_memory_budget of {budget} "
                 f"bytes; use a smaller memory_budget, a smaller storage_dtype (e.g. 'float16'), or gather='host'")
 
+    @property
+    def host_bytes_per_step(self) -> int:
+        """Bytes a step's host half hands to TensorFlow for a full batch: four int64 per sample."""
+        return 4 * 8 * self.batch_size
+
+    @property
+    def uploaded_bytes(self) -> int:
+        """Bytes of arrays handed to TensorFlow for the device so far (the plan's ``device_bytes``)."""
+        return self._plan.stats()["device_bytes"]
+
     def _host(self, rows: np.ndarray) -> np.ndarray:
         """Host rows in the storage dtype (the core hands bfloat16 over as its bits, uint16)."""
-        self.uploaded_bytes += rows.nbytes
         return rows.view(self.storage.as_numpy_dtype) if self.storage == tf.bfloat16 else rows
 
     # -- resident ----------------------------------------------------------------------------------------
     def rows(self, epoch, batch):
         """Host half of a resident step: (x start row, first valid window row, end of valid window rows, label
         row) of batch `batch` of epoch `epoch`."""
-        out = self._rows.rows(int(epoch), int(batch))
-        self.host_bytes_per_step = sum(a.nbytes for a in out)
-        return out
+        return self.host_rows.rows(int(epoch), int(batch))
 
     def _upload_resident(self, label: bool, device: str):
         """The arrays of the plan's keys one after another as (rows + 1, row elements) in the storage dtype on
         `device`, the last row zeros: read and converted by the core into one host array, uploaded at once (the
         device holds the arrays once, never a part and the whole)."""
-        host = self._host(self._rows.read_resident(label))
+        host = self._host(self.host_rows.read_resident(label))
         with tf.device(device):
             # Not tf.constant: measured on the CPU device, it holds two copies of the array for good; identity
             # copies the host array (which TensorFlow wraps without a copy) once onto the device, then it goes.
@@ -228,7 +234,7 @@ class DeviceGather:
     def groups(self, epoch: int) -> np.ndarray:
         """Streamed: epoch `epoch`'s groups, rows of (first batch, end batch, first block, last block: the same
         block for batches inside one, two or more for a batch that straddles them)."""
-        return self._rows.groups(int(epoch))
+        return self.host_rows.groups(int(epoch))
 
     def num_groups(self, epoch) -> np.int64:
         return np.int64(len(self.groups(int(epoch))))
@@ -236,9 +242,7 @@ class DeviceGather:
     def group(self, epoch, index):
         """Streamed, host half of group `index` of epoch `epoch`: its factor and label rows (zero row last) in
         the storage dtype, and the start rows of its samples, batch after batch."""
-        factors, labels, *rows = self._rows.group(int(epoch), int(index))
-        batches = max(-(-len(rows[0]) // self.batch_size), 1)
-        self.host_bytes_per_step = sum(a.nbytes for a in rows) // batches
+        factors, labels, *rows = self.host_rows.group(int(epoch), int(index))
         return (self._host(factors), self._host(labels), *rows)
 
     def form(self, factors, labels, start, lo, hi, y_row):

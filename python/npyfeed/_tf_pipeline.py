@@ -1,0 +1,353 @@
+"""The pipelines behind `npyfeed.tf.dataset`, one builder each: `host_pipeline` (the native feed's, or the
+fallback's) and `device_pipeline` (resident or streamed arrays). Imported by `npyfeed.tf` only (it imports
+TensorFlow); the feeds they call are in `_tf_feed`.
+
+Every pipeline is native ``tf.data`` over positions, mapped through a gather of "batch b of epoch e"::
+
+    range(1).map(next pass's epoch) -> flat_map(e: zip(e repeated, range(batches)))    # positions (e, b)
+      -> map(gather "batch b of epoch e"), in the thread that asks
+
+The gather takes the batch from the plan (``WindowSource.plan``, ``Plan.take``: a C++ stream positioned at the
+next batch): the stream keeps the gathers of the next ``prefetch`` batches in flight by itself, as the numpy
+iterator does, so the thread pool never waits for TensorFlow's hand-off. So on the native path the pipeline has
+no ``prefetch`` of TensorFlow's and its map runs in the calling thread (`_map_in_caller`; the fallback keeps a
+parallel map of one call and a ``prefetch``): a step's ``next()`` takes a ready batch with no other thread woken
+(a ``prefetch`` and a parallel map each cost a thread hop per batch, and TensorFlow's idle inter-op workers spin;
+measured, 0.7-1 ms of CPU per batch on other threads, most of what an eager loop lost against the numpy
+iterator). In an eager loop, the dataset's iterator also skips TensorFlow's per-step executor switch
+(`HostIterator`). A request for exactly the next batch is served from the stream; any other position (a restored
+checkpoint, a new epoch, a jump) starts a new stream there, so every batch is still a function of its position
+alone (and calls from several TensorFlow threads would be correct, only slower). Its iterator is checkpointable
+(``tf.train.Checkpoint``): with symbolic checkpointing (``tf.data.Options.experimental_symbolic_checkpoint``) the
+state is the positions (a few bytes), never batches, and a restored iterator gathers the same batches again.
+
+``shuffle="blocks"``: a blocks epoch is read in order (files whole, within a memory budget); its stream also
+reads the blocks ahead within the budget.
+
+Epochs: the feed's counter gives each pass over the dataset the next epoch; ``dataset(...).repeat(count)`` reads
+epochs ``epoch, epoch + 1, ...`` from a native range, so the epoch is part of the checkpointed position and a
+restored repeat continues across the epoch boundary.
+
+``gather="device"``: the host part of the pipeline (positions, start rows) runs on the host's CPU, whatever
+device scope it is made in (a strategy calls a dataset function per replica in its replica's scope); the batch is
+formed on the target device by `_device.DeviceGather`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.data.ops import dataset_ops, iterator_ops, map_op
+from tensorflow.python.eager import context
+from tensorflow.python.framework import ops
+from tensorflow.python.ops import gen_dataset_ops
+
+from . import _checks, _core, _tf_feed
+from . import stats as _stats
+
+
+class _BatchSpec(NamedTuple):
+    """The dtype and shapes of a pipeline's batches (``B`` is None unless `drop_remainder`)."""
+
+    dtype: tf.DType
+    x_shape: tuple
+    y_shape: tuple
+
+    @classmethod
+    def of(cls, src, batch_size: int, drop_remainder: bool) -> _BatchSpec:
+        batch_dim = int(batch_size) if drop_remainder else None
+        return cls(tf.as_dtype(np.dtype(src.dtype)), (batch_dim, *src.x_shape), (batch_dim, *src.y_shape))
+
+    def ensure(self, x, y):
+        return tf.ensure_shape(x, self.x_shape), tf.ensure_shape(y, self.y_shape)
+
+
+def host_pipeline(src, plan, batch_size: int, drop_remainder: bool, epoch: int, device: str | None):
+    """``gather="host"``: npyfeed's C++ gather forms each batch in host memory, taken by the feed's op (native) or
+    ``numpy_function`` (the fallback), and sent to `device` (if given) by ``prefetch_to_device``."""
+    batches = plan._core
+    spec = _BatchSpec.of(src, batch_size, drop_remainder)
+    feed, registration = _tf_feed.open_feed(batches, epoch, spec.dtype)
+    build = _host_native if isinstance(feed, _tf_feed.NativeFeed) else _host_fallback
+    finish = build(feed, spec, device)
+    return _assemble(_epoch_positions(feed, len(batches)), feed.start_pass, finish, epoch=epoch, steps=len(batches),
+                     hold=functools.partial(_hold, batches=batches, registration=registration),
+                     on_host=device is None)
+
+
+def _host_native(feed, spec: _BatchSpec, device: str | None):
+    """The native feed's host pipeline: the op takes the batch from the stream, which gathers the next ones
+    meanwhile: no prefetch, no thread hop."""
+
+    def load(e, b):
+        return spec.ensure(*feed.take(e, b))
+
+    def finish(positions, cardinality):
+        ds = _map_in_caller(positions, load).apply(tf.data.experimental.assert_cardinality(cardinality))
+        options = _checkpoint_options()
+        # The stream reads ahead by itself: a prefetch that tf.data would inject is one more thread hop per batch
+        # and holds batches for nothing.
+        options.experimental_optimization.inject_prefetch = False
+        if not _SYNCHRONOUS_MAP:
+            options.experimental_optimization.map_parallelization = False  # one take() at a time, in order
+        return _prefetch_to(device, ds.with_options(options))
+
+    return finish
+
+
+def _host_fallback(feed, spec: _BatchSpec, device: str | None):
+    """The fallback's host pipeline: its ``numpy_function`` needs the GIL, so it runs in TensorFlow's threads,
+    beside the caller's (a parallel map of one call and a ``prefetch``)."""
+
+    def load(e, b):
+        return spec.ensure(*feed.take(e, b))
+
+    def finish(positions, cardinality):
+        ds = positions.map(load, num_parallel_calls=1, deterministic=True)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
+        return _prefetch_to(device, ds.prefetch(tf.data.AUTOTUNE).with_options(_checkpoint_options()))
+
+    return finish
+
+
+def _prefetch_to(device: str | None, ds):
+    return ds if device is None else ds.apply(tf.data.experimental.prefetch_to_device(device))
+
+
+def device_pipeline(src, plan, batch_size: int, drop_remainder: bool, epoch: int, device: str | None,
+                    storage_dtype, device_memory_budget: int | None):
+    """``gather="device"``: the arrays uploaded to `device` (default: `_default_device`), each batch formed there
+    (`_device.DeviceGather`); resident, or streamed block by block over `device_memory_budget`."""
+    from ._device import DeviceGather
+
+    target = device if device is not None else _default_device()
+    _check_device(target)
+    batches = plan._core
+    storage = str(storage_dtype) if storage_dtype is not None else np.dtype(src.dtype).name
+    # The host half is the core's (the arrays read through the source's readers, the start rows); it refuses a
+    # source that transforms its rows.
+    on_device = DeviceGather(src, plan, _core.DeviceRows(batches, storage), target, device_memory_budget)
+    spec = _BatchSpec.of(src, batch_size, drop_remainder)
+    # The feed counts the passes' epochs and hands out the start rows and groups (native ops: no Python per step).
+    feed, registration = _tf_feed.open_feed(batches, epoch, spec.dtype, on_device)
+    if on_device.streams:
+        per_epoch, finish = _device_streamed(feed, on_device, spec, batch_size, target)
+    else:
+        per_epoch, finish = _epoch_positions(feed, len(batches)), _device_resident(feed, on_device, spec, target)
+    return _assemble(per_epoch, feed.start_pass, finish, epoch=epoch, steps=len(batches),
+                     hold=functools.partial(_hold, batches=batches, registration=registration, on_device=on_device),
+                     on_host=device is None and _is_host(target), host_scope=functools.partial(tf.device, "/cpu:0"))
+
+
+def _device_resident(feed, on_device, spec: _BatchSpec, target: str):
+    """Arrays resident on `target`: each step's start rows from the host, the batch formed by a map on `target`."""
+
+    def start_rows(e, b):
+        # The host's part of a step, four int64 vectors of B (no window crosses to the device).
+        return tuple(tf.ensure_shape(t, (None,)) for t in feed.start_rows(e, b))
+
+    def form(start, lo, hi, y_row):
+        return spec.ensure(*on_device.form(on_device.factors, on_device.labels, start, lo, hi, y_row))
+
+    def finish(positions, cardinality):
+        ds = positions.map(start_rows, num_parallel_calls=1, deterministic=True)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
+        ds = ds.prefetch(tf.data.AUTOTUNE).with_options(_device_options())
+        if _is_host(target):
+            return ds.map(form, num_parallel_calls=1, deterministic=True).prefetch(2)
+        # The start rows go to the device; the batch is formed there, by a map that runs on the device.
+        ds = ds.apply(tf.data.experimental.copy_to_device(target))
+        with tf.device(target):
+            return ds.map(form, num_parallel_calls=1, deterministic=True).prefetch(2)
+
+    return finish
+
+
+def _device_streamed(feed, on_device, spec: _BatchSpec, batch_size: int, target: str):
+    """Arrays streamed to `target`: each epoch's groups of batches, each group uploaded once (the next while the
+    current one is consumed), then its batches formed on `target`. Returns the positions of an epoch (its groups
+    ``(e, g)``) and the pipeline over them."""
+
+    def epoch_groups(e):
+        # Epoch e's groups of batches, as (e, g) like _epoch_positions' (e, b).
+        e = tf.ensure_shape(feed.seen(e), ())
+        return tf.data.Dataset.range(tf.ensure_shape(feed.num_groups(e), ())).map(lambda g: (e, g))
+
+    def load_group(e, g):
+        # The group's upload (host arrays) and start rows.
+        out = feed.group(e, g, on_device.storage)
+        shapes = [(None, on_device.x_elems), (None, on_device.y_elems)] + [(None,)] * 4
+        return tuple(tf.ensure_shape(t, s) for t, s in zip(out, shapes))
+
+    def group_batches(factors, labels, start, lo, hi, y_row):
+        # On the device: the group's batches, each one gather from the group's arrays.
+        n = tf.shape(start, out_type=tf.int64)[0]
+        size = tf.constant(batch_size, tf.int64)
+
+        def one(i):
+            a = i * size
+            b = tf.minimum(a + size, n)
+            return spec.ensure(*on_device.form(factors, labels, start[a:b], lo[a:b], hi[a:b], y_row[a:b]))
+
+        return tf.data.Dataset.range((n + size - 1) // size).map(one)
+
+    def finish(groups, cardinality):
+        ds = groups.map(load_group, num_parallel_calls=1, deterministic=True)
+        ds = ds.prefetch(1)  # the next group read while the current one is consumed
+        on_host = _is_host(target)
+        if not on_host:
+            ds = ds.apply(tf.data.experimental.copy_to_device(target))
+        with tf.device(target):
+            if not on_host:
+                ds = ds.prefetch(1)  # and uploaded while the current one is consumed
+            ds = ds.flat_map(group_batches).apply(tf.data.experimental.assert_cardinality(cardinality))
+            return ds.prefetch(2).with_options(_device_options())
+
+    return epoch_groups, finish
+
+
+def _epoch_positions(feed, steps: int):
+    """Epoch e's positions ``(e, b)``, b in ``range(steps)``, as a function of e for ``flat_map``."""
+
+    def one_epoch(e):
+        # Also called when a checkpointed iterator is restored into epoch e: the next pass continues after it.
+        e = tf.ensure_shape(feed.seen(e), ())
+        # (e, b) by a zip, not a map: no function call per batch.
+        return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(e).repeat(steps), tf.data.Dataset.range(steps)))
+
+    return one_epoch
+
+
+def _assemble(per_epoch, start_pass, finish, *, epoch: int, steps: int, hold, on_host: bool,
+              host_scope=contextlib.nullcontext):
+    """The dataset a pipeline returns: each pass the next epoch (`start_pass`), its positions (`per_epoch`) turned
+    into batches by `finish(positions, cardinality)`, made inside `host_scope`. Where its batches end on the host
+    (`on_host`), a `HostDataset`, whose ``repeat()`` reads consecutive epochs from a native range."""
+
+    def repeat(count):
+        count = -1 if count is None else int(count)
+        if count < 0:
+            epochs, cardinality = tf.data.Dataset.range(epoch, _checks.EPOCH_LIMIT), tf.data.INFINITE_CARDINALITY
+        else:
+            epochs, cardinality = tf.data.Dataset.range(epoch, epoch + count), count * steps
+        with host_scope():
+            ds = finish(epochs.flat_map(per_epoch), cardinality)
+        return hold(HostDataset(ds) if on_host else ds)
+
+    with host_scope():
+        ds = finish(tf.data.Dataset.range(1).map(start_pass).flat_map(per_epoch), steps)
+    return hold(HostDataset(ds, repeat) if on_host else ds)
+
+
+def _checkpoint_options() -> tf.data.Options:
+    options = tf.data.Options()
+    options.experimental_symbolic_checkpoint = True  # checkpoints hold positions, not prefetched batches
+    return options
+
+
+def _device_options() -> tf.data.Options:
+    options = _checkpoint_options()
+    # tf.data's default graph rewrites at each iterator's start copy the tensors a function captures (the uploaded
+    # arrays: measured, one more copy of them per dataset); this pipeline needs none of them.
+    options.experimental_optimization.apply_default_optimizations = False
+    return options
+
+
+def _hold(ds, batches, registration, on_device=None):
+    """The dataset holds the plan (see `_tf_feed.FallbackGather`) and, on the native path, the feed's
+    `registration` its graph names by id: an iterator holds its dataset, so the feed stays registered while
+    anything can still ask it for a batch. With gather="device" it also holds the arrays on the device
+    (`_device.DeviceGather`)."""
+    ds._npyfeed_batches = batches
+    ds._npyfeed_feed = registration
+    ds._npyfeed_device = on_device
+    # Live statistics of its plan (npyfeed.stats): on this dataset object, not on datasets derived from it.
+    ds._stats_core = lambda: batches.stats
+    ds.stats = lambda: _stats.as_dict(batches.stats.counts())
+    return ds
+
+
+def _default_device() -> str:
+    """Where an op made here would run: the device of an enclosing ``tf.device`` scope (also the replica's device
+    when a strategy calls a dataset function per replica), else TensorFlow's default, the first GPU it sees,
+    else the CPU."""
+    if tf.executing_eagerly():
+        placed = tf.zeros(()).device
+        if placed:
+            return placed
+    gpus = tf.config.list_logical_devices("GPU")
+    return gpus[0].name if gpus else "/cpu:0"
+
+
+def _is_host(device: str) -> bool:
+    """Whether `device` is the host's first CPU, where tf.data runs (no copy to another device)."""
+    spec = tf.DeviceSpec.from_string(device)
+    return (spec.device_type or "CPU").upper() == "CPU" and not spec.device_index
+
+
+def _check_device(device: str) -> None:
+    """A device TensorFlow has: an unknown one is refused here, at construction."""
+    spec = tf.DeviceSpec.from_string(device)
+    kind = (spec.device_type or "CPU").upper()
+    known = tf.config.list_logical_devices(kind)
+    index = spec.device_index or 0
+    if index >= len(known):
+        raise ValueError(f"device {device!r}: TensorFlow sees {len(known)} {kind} device(s) "
+                         f"({', '.join(d.name for d in known) or 'none'})")
+
+
+class HostDataset(dataset_ops.UnaryUnchangedStructureDataset):
+    """The dataset of a pipeline whose batches end on the host's CPU: its ``repeat()`` reads consecutive epochs
+    from a native (checkpointed) range (`repeat` None: the one `npyfeed.tf.dataset` returned, whose repeat is
+    TensorFlow's), and its iterators hand out batches with less Python per step (`HostIterator`)."""
+
+    def __init__(self, ds, repeat=None):
+        self._repeat = repeat
+        super().__init__(ds, ds._variant_tensor)
+
+    def repeat(self, count=None, name=None):
+        """Epochs ``epoch, epoch + 1, ...``: `count` of them (None or -1: forever), checkpointable."""
+        if self._repeat is None:
+            return super().repeat(count, name=name)
+        return self._repeat(count)
+
+    def __iter__(self):
+        if tf.executing_eagerly() or tf.inside_function():
+            with ops.colocate_with(self._variant_tensor):  # as TensorFlow's own __iter__
+                return HostIterator(self)
+        return super().__iter__()  # (raises TensorFlow's own error)
+
+
+class HostIterator(iterator_ops.OwnedIterator):
+    """TensorFlow's iterator, with a shorter eager step: an eager ``next()`` of ``OwnedIterator`` switches to a new
+    synchronous executor and back, and repacks the element through ``tf.nest``, per batch (measured: a quarter of
+    an eager loop's Python time per step). Where the thread's executor is already synchronous (TensorFlow's
+    default), this reads ``(x, y)`` straight from the iterator op; otherwise, and in graphs, TensorFlow's own
+    ``next()``. Saved, restored and traced as an ``OwnedIterator``."""
+
+    def _next_internal(self):
+        if not tf.executing_eagerly() or context.context().executor.is_async():
+            return super()._next_internal()
+        x, y = gen_dataset_ops.iterator_get_next(self._iterator_resource, output_types=self._flat_output_types,
+                                                 output_shapes=self._flat_output_shapes)
+        return x, y
+
+
+def _map_in_caller(ds, fn):
+    """``ds.map(fn)`` that calls `fn` in the thread asking for the element, one call at a time: no thread pool, no
+    other thread to wake per batch (``use_inter_op_parallelism=False``; tf.data's own map runs its function on
+    TensorFlow's inter-op pool, whose idle workers spin), never made parallel by tf.data's rewrites
+    (``force_synchronous``, or where TensorFlow lacks it, ``map_parallelization`` off in the options)."""
+    if _SYNCHRONOUS_MAP:
+        return map_op._MapDataset(ds, fn, force_synchronous=True, use_inter_op_parallelism=False,
+                                  preserve_cardinality=True)
+    return map_op._MapDataset(ds, fn, use_inter_op_parallelism=False, preserve_cardinality=True)
+
+
+#: Whether this TensorFlow's map takes ``force_synchronous`` (2.16 and later; 2.15 does not).
+_SYNCHRONOUS_MAP = "force_synchronous" in inspect.signature(map_op._MapDataset.__init__).parameters
