@@ -10,6 +10,11 @@ B=256, (4800, 256) float32 files, ``shuffle=True``, mode ``"mmap"``):
   so that the step is input-bound;
 * **floor eager** / **floor tf.function**: a dataset that hands out one pre-made batch
   (``from_tensors(...).repeat()``): TensorFlow's own cost per element, with nothing gathered.
+* **device eager** / **device tf.function**: ``gather="device"`` on the CPU device (``device="/cpu:0"``): the
+  arrays uploaded once, each step's host half only start rows, the batch formed by one ``tf.gather``;
+  **device streamed tf.function**: the same with ``shuffle="blocks"`` and a device budget under the arrays (a
+  64 MB memory budget: each block uploaded once per epoch). Not a GPU figure: the host's CPU per step of the
+  device path (Python per step, or native ops), before and after with ``--baseline``.
 
 Each row reports samples/s, its ratio to the numpy row of its own round (median and worst over the rounds),
 and CPU per batch by thread: npyfeed's gather workers, the main thread, and TensorFlow's threads (read from
@@ -43,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 ROWS = ("numpy", "eager", "tf.function", "fit", "fit steps_per_execution=32", "floor eager", "floor tf.function",
-        "floor fit", "floor fit steps_per_execution=32")
+        "floor fit", "floor fit steps_per_execution=32", "device eager", "device tf.function",
+        "device streamed tf.function")
 TARGETS = {"eager": 0.9, "tf.function": 0.95, "fit": 0.9, "fit steps_per_execution=32": 0.9}
 #: The floor of each row: the same consumer over a dataset that hands out one pre-made batch.
 FLOORS = {"eager": "floor eager", "tf.function": "floor tf.function", "fit": "floor fit",
@@ -135,10 +141,33 @@ def child(cfg: dict) -> dict:
             return batches * batch
         return run
 
+    def device_dataset(streamed):
+        # Made when its row is asked for only (it uploads the arrays: another copy of them in memory).
+        def run():
+            if streamed:
+                dataset = nftf.dataset(src, batch, shuffle="blocks", memory_budget=64 << 20, gather="device",
+                                       device="/cpu:0", device_memory_budget=256 << 20)
+            else:
+                dataset = nftf.dataset(src, batch, shuffle=True, gather="device", device="/cpu:0")
+            return dataset.repeat()
+        return run
+
+    def lazily(make, consumer):
+        made = []
+
+        def run():
+            if not made:
+                made.append(consumer(make()))
+            return made[0]()
+        return run
+
     runs = {"numpy": numpy_rows, "eager": eager_loop(ds), "tf.function": in_function(ds), "fit": fit(ds, 1),
             "fit steps_per_execution=32": fit(ds, 32), "floor eager": eager_loop(floor),
             "floor tf.function": in_function(floor), "floor fit": fit(floor, 1),
-            "floor fit steps_per_execution=32": fit(floor, 32)}
+            "floor fit steps_per_execution=32": fit(floor, 32),
+            "device eager": lazily(device_dataset(False), eager_loop),
+            "device tf.function": lazily(device_dataset(False), in_function),
+            "device streamed tf.function": lazily(device_dataset(True), in_function)}
     for name in cfg["order"]:  # warm-up: caches, tracing, Keras' first step
         runs[name]()
     out = {}

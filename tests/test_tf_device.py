@@ -28,12 +28,18 @@ BATCH = 8
 BUDGET = 2000  # shuffle="blocks": blocks of a key or two
 
 
-@pytest.fixture(scope="module")
-def tf():
+@pytest.fixture(scope="module", params=["native", "numpy_function"])
+def tf(request):
+    """TensorFlow, with npyfeed.tf on one path: the host half of each step by the op library's ops, or by
+    ``tf.numpy_function`` (the fallback); every in-process test runs on both."""
     tf = pytest.importorskip("tensorflow")
+    import npyfeed._tf_feed
     import npyfeed.tf  # noqa: F401
 
-    return tf
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NPYFEED_TF_OPS", "1" if request.param == "native" else "0")
+        assert (npyfeed._tf_feed.native_ops() is not None) == (request.param == "native")
+        yield tf
 
 
 def _inputs(bounds="error", dtype="<f4", keys="abcde"):
