@@ -389,6 +389,32 @@ def test_resident_upload_reads_the_files_the_source_opened(tf, tmp_path, mode):
     assert not any((x == 7).any() or (y == 7).any() for x, y in got)
 
 
+@pytest.mark.parametrize("compress", [False, True], ids=["stored", "deflated"])
+@pytest.mark.parametrize("streamed", [False, True], ids=["resident", "streamed"])
+def test_npz_sources(tf, tmp_path, compress, streamed):
+    """Arrays that are members of `.npz` archives are uploaded from where the source holds them (stored: a
+    mapping of the archive; deflated: inflated at open), resident and streamed by blocks."""
+    rng = np.random.default_rng(12)
+    save = np.savez_compressed if compress else np.savez
+    for kind in ("factor", "label"):
+        (tmp_path / kind).mkdir()
+    keys = [f"k{i}" for i in range(STREAM_KEYS)]
+    for k in keys:
+        save(tmp_path / "factor" / f"{k}.npz", rng.standard_normal((STREAM_ROWS, 3)).astype("<f4"))
+        save(tmp_path / "label" / f"{k}.npz", rng.standard_normal((STREAM_ROWS, 2)).astype("<f4"))
+    (tmp_path / "index.txt").write_text("".join(f"{f},{f},{k}\n" for k in keys for f in range(WINDOW - 1, STREAM_ROWS)))
+    src = npyfeed.WindowSource([tmp_path / "index.txt"], tmp_path / "factor", tmp_path / "label", WINDOW, cache=False)
+    assert all(f.endswith(".npz") for f in src.files)
+    if streamed:
+        ds = _streamed(src, seed=4)
+        want = list(src.batches(BATCH, shuffle="blocks", seed=4, memory_budget=STREAM_BLOCKS))
+    else:
+        ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=4, gather="device", device="/cpu:0")
+        want = list(src.batches(BATCH, shuffle=True, seed=4))
+    assert ds._npyfeed_device.streams == streamed
+    _assert_same(_pass(ds), want)
+
+
 def _run_with_two_cpus(tmp_path, body: str) -> str:
     """Runs `body` in a new Python with two logical CPUs (set before TensorFlow starts) and this folder's test
     helpers importable; its stdout."""
