@@ -77,7 +77,7 @@ def child(args) -> None:
     """One measurement in this (fresh) process; prints a JSON line."""
     import npyfeed
     import numpy as np
-    from npyfeed import windows
+    from npyfeed import _window_inputs
 
     before = process_memory()
     root = Path(args.dir)
@@ -85,7 +85,7 @@ def child(args) -> None:
     t0 = time.perf_counter()
     result = {}
     if args.child == "index":
-        index, cache, _ = windows._load_index(root / "index.txt", True, args.cache_dir, 2)
+        index, cache, _ = _window_inputs.load_index(root / "index.txt", True, args.cache_dir, 2)
         result["open_s"] = time.perf_counter() - t0
         result["open_cpu_s"] = cpu_seconds() - c0
         result["samples"] = len(index)

@@ -9,60 +9,32 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 
 from . import _checks, _core
 from . import stats as _stats
 from ._resources import MAX_HEADER_SIZE, available_memory, default_npz_memory_limit, resolve_placement, resolve_threads
-from ._resources import cache_dir as _default_cache_dir
 from ._transform import transform_spec
+from ._window_inputs import (
+    BOUNDS,
+    check_common,
+    check_keys,
+    dense_keys,
+    dtype_name,
+    files_read,
+    key_arrays,
+    key_files,
+    load_index,
+    open_index,
+)
 from .loading import _fspath, _native, _resolve_mode
 from .plan import DEFAULT_MEMORY_BUDGET, BatchIterator, Plan, shuffle_kind
 
 log = logging.getLogger("npyfeed")
 
 __all__ = ["WindowSource", "BatchIterator", "BOUNDS"]
-
-#: Policies for windows or label rows outside their arrays.
-BOUNDS = ("error", "skip", "pad")
-
-
-def _index_paths(index_files) -> list:
-    if isinstance(index_files, (str, bytes, os.PathLike)):
-        index_files = [index_files]
-    paths = [_fspath(p) for p in index_files]
-    if not paths:
-        raise ValueError("no index files given")
-    return paths
-
-
-def _load_index(index_files, cache: bool, cache_dir, threads: int):
-    """The compiled index of `index_files` (through the cache unless `cache` is false), the cache file used (or
-    None) and whether this call compiled the index files."""
-    paths = [_native(p) for p in _index_paths(index_files)]
-    _checks.boolean(cache, "cache")
-    folder = "" if not cache else _native(_fspath(cache_dir)) if cache_dir is not None else _native(str(_default_cache_dir()))
-    index, cache_path, built, warning = _core.load_index(paths, folder, threads)
-    if warning:
-        log.warning("npyfeed: %s", warning)
-    return index, cache_path, built
-
-
-def _check_common(window, dtype, bounds):
-    # Only what the core cannot say: the types. The values (window >= 1, float32/float64, the bounds
-    # policy) are checked once, by the C++ WindowSource, and raise ValueError from there.
-    if not _checks.is_int(window):
-        raise _checks.ArgumentTypeError(f"window must be a positive integer, got {window!r}")
-    if not isinstance(bounds, str):
-        raise _checks.ArgumentTypeError(f"bounds must be one of {BOUNDS}, got {bounds!r}")
-    return int(window), np.dtype(dtype)
-
-
-def _dtype_name(dtype: np.dtype) -> str:
-    # "float32"/"float64" for native dtypes; anything else by its full text (">f4"), which the core refuses.
-    return dtype.name if dtype.isnative else dtype.str
 
 
 class WindowSource:
@@ -176,11 +148,11 @@ class WindowSource:
                  member: str | None = None, npz_memory_limit: int | None = None, features=None,
                  label_columns=None, nan: float | None = None, posinf: float | None = None,
                  neginf: float | None = None, normalize=None):
-        window, out_dtype = _check_common(window, dtype, bounds)
+        window, out_dtype = check_common(window, dtype, bounds)
         transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
         placement = resolve_placement(cpus, nice, io_priority)
         nthreads = resolve_threads(threads, placement.get("cpus"))
-        index, index_cache, built = _load_index(index_files, cache, cache_dir, nthreads)
+        index, index_cache, built = load_index(index_files, cache, cache_dir, nthreads)
         self._open_files(index, factor_dir, label_dir, window, out_dtype, bounds, mode, nthreads, placement,
                          max_header_size, member, npz_memory_limit, transform)
         self._index_cache, self._index_built = index_cache, built
@@ -190,17 +162,15 @@ class WindowSource:
         core_mode = _resolve_mode(mode, auto="mmap")
         factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
         keys = index.keys
-        factor_paths = [os.path.join(factor_dir, k + ".npy") for k in keys]
-        label_paths = [os.path.join(label_dir, k + ".npy") for k in keys]
-        core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, _dtype_name(out_dtype), bounds, core_mode,
+        factor_paths, label_paths = key_files(factor_dir, keys), key_files(label_dir, keys)
+        core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, dtype_name(out_dtype), bounds, core_mode,
                                        nthreads, max_header_size, **placement, npz_member=member or "",
                                        npz_memory_limit=npz_memory_limit or default_npz_memory_limit(),
                                        transform=transform, dense=dense)
         self._init(core, index, window, out_dtype, core_mode, nthreads, bounds)
         self._member = member
         self._transform = transform
-        # The files read: `<k>.npz` where the source fell back to it (one stat each, after a successful open).
-        self._files = tuple(p if os.path.exists(p) else p[:-4] + ".npz" for p in factor_paths + label_paths)
+        self._files = files_read(factor_paths + label_paths)
         self._warn_direct_fallback()
 
     @classmethod
@@ -251,7 +221,7 @@ class WindowSource:
         >>> src.describe(0)  # doctest: +SKIP
         "dense sample 0: key 'k00000', window rows [0, 100) of factors/k00000.npy, label row 100 of ..."
         """
-        window, out_dtype = _check_common(window, dtype, "error")
+        window, out_dtype = check_common(window, dtype, "error")
         for name, value in (("stride", stride), ("horizon", horizon)):
             if not _checks.is_int(value):
                 raise _checks.ArgumentTypeError(f"{name} must be an integer, got {value!r}")
@@ -259,7 +229,7 @@ class WindowSource:
         placement = resolve_placement(cpus, nice, io_priority)
         nthreads = resolve_threads(threads, placement.get("cpus"))
         factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
-        keys = _dense_keys(factor_dir, label_dir) if keys is None else _check_keys(keys)
+        keys = dense_keys(factor_dir, label_dir) if keys is None else check_keys(keys)
         self = cls.__new__(cls)
         self._open_files(_core.dense_index(keys, factor_dir), factor_dir, label_dir, window, out_dtype, "error",
                          mode, nthreads, placement, max_header_size, member, npz_memory_limit, transform,
@@ -297,26 +267,15 @@ class WindowSource:
         >>> x.tolist(), y.tolist()
         ([[[4.0, 9.0], [6.0, 5.0]]], [[5.0]])
         """
-        window, out_dtype = _check_common(window, dtype, bounds)
+        window, out_dtype = check_common(window, dtype, bounds)
         transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
         placement = resolve_placement(cpus, nice, io_priority)
         nthreads = resolve_threads(threads, placement.get("cpus"))
-        if isinstance(index, (str, bytes, os.PathLike)) or (
-                isinstance(index, Sequence) and index and isinstance(index[0], (str, bytes, os.PathLike))):
-            core_index, index_cache, built = _load_index(index, cache, cache_dir, nthreads)
-        else:
-            core_index, index_cache, built = _index_from_tuples(index), None, False
-        keys = core_index.keys
-        missing = [k for k in keys if k not in factors or k not in labels]
-        if missing:
-            shown = ", ".join(repr(k) for k in missing[:5])
-            raise KeyError(f"{len(missing)} of {len(keys)} keys have no factor or label array: {shown}"
-                           + (", ..." if len(missing) > 5 else ""))
-        factor_arrays = [np.ascontiguousarray(factors[k]) for k in keys]
-        label_arrays = [np.ascontiguousarray(labels[k]) for k in keys]
+        core_index, index_cache, built = open_index(index, cache, cache_dir, nthreads)
+        factor_arrays, label_arrays = key_arrays(core_index.keys, factors, labels)
         # The core reads these arrays in place and keeps them alive itself, as long as it needs them.
         core = _core.window_source_from_arrays(core_index, factor_arrays, label_arrays, window,
-                                               _dtype_name(out_dtype), bounds, nthreads, **placement,
+                                               dtype_name(out_dtype), bounds, nthreads, **placement,
                                                transform=transform)
         self = cls.__new__(cls)
         self._init(core, core_index, window, out_dtype, "memory", nthreads, bounds)
@@ -591,54 +550,3 @@ class WindowSource:
                          shard_by=shard_by)
         return plan.batches(epoch, start_batch=start_batch)
 
-
-def _dense_keys(factor_dir: str, label_dir: str) -> list:
-    """Keys with a factor file (`.npy` or `.npz`) in `factor_dir` and a label file in `label_dir`, sorted."""
-    try:
-        names = os.listdir(factor_dir)
-    except OSError as e:
-        raise type(e)(e.errno, f"WindowSource.dense: cannot list the factor folder: {e.strerror}", factor_dir) from None
-    stems = sorted({n[:-4] for n in names if n.endswith((".npy", ".npz")) and len(n) > 4})
-    keys = [k for k in stems if os.path.isfile(os.path.join(factor_dir, k + ".npy"))
-            or os.path.isfile(os.path.join(factor_dir, k + ".npz"))]
-    keys = [k for k in keys if os.path.exists(os.path.join(label_dir, k + ".npy"))
-            or os.path.exists(os.path.join(label_dir, k + ".npz"))]
-    if not keys:
-        raise ValueError(f"WindowSource.dense: no key has a factor file in {factor_dir} (<key>.npy or <key>.npz) "
-                         f"and a label file in {label_dir}")
-    return keys
-
-
-def _check_keys(keys) -> list:
-    if isinstance(keys, (str, bytes)) or not isinstance(keys, (Sequence, np.ndarray)):
-        raise TypeError(f"keys must be a sequence of key names, got {keys!r}")
-    out, seen = [], set()
-    for k in keys:
-        if not isinstance(k, str):
-            raise TypeError(f"keys must be strings, got {k!r}")
-        if not k or k in (".", "..") or "/" in k or "\0" in k or (os.sep != "/" and os.sep in k):
-            raise ValueError(f"keys: {k!r} cannot name a file")
-        if k in seen:
-            raise ValueError(f"keys: {k!r} is given twice")
-        seen.add(k)
-        out.append(k)
-    if not out:
-        raise ValueError("keys: no key given")
-    return out
-
-
-def _index_from_tuples(index) -> object:
-    rows = list(index)
-    if not rows:
-        raise ValueError("the index is empty")
-    try:
-        features, labels, keys = zip(*rows)
-    except (TypeError, ValueError):
-        raise ValueError("index entries must be (feature_index, label_index, key) tuples") from None
-    feature_arr = np.asarray(features)
-    label_arr = np.asarray(labels)
-    for name, arr in (("feature_index", feature_arr), ("label_index", label_arr)):
-        if not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"{name} values must be integers")
-    return _core.index_from_columns(feature_arr.astype(np.int64), label_arr.astype(np.int64),
-                                    [str(k) for k in keys], "<index list>")
