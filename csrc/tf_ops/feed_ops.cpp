@@ -74,6 +74,20 @@ bool scalar_inputs(TF_OpKernelContext* ctx, int n, int64_t* out) {
   return true;
 }
 
+// The feed table and an op's `n` scalar inputs (the feed's id first, then positions, which must not be negative:
+// `positions` names them in the message). Null, and the kernel failed, otherwise.
+const NpyfeedTfFeedApi* begin_call(TF_OpKernelContext* ctx, int n, int64_t* in, const char* positions) {
+  const NpyfeedTfFeedApi* api = api_or_fail(ctx);
+  if (api == nullptr || !scalar_inputs(ctx, n, in)) return nullptr;
+  for (int i = 1; i < n; ++i) {
+    if (in[i] < 0) {
+      fail(ctx, 3, (std::string("npyfeed.tf: ") + positions + " must not be negative").c_str());
+      return nullptr;
+    }
+  }
+  return api;
+}
+
 void release(void*, size_t, void* owner) { g_api.load(std::memory_order_acquire)->release(owner); }
 
 // Hands `data` (owned by `owner`) to output `index` without a copy; the tensor gives `owner` back when it dies.
@@ -107,9 +121,8 @@ void* create_take(TF_OpKernelConstruction* ctx) {
 void compute_take(void* k, TF_OpKernelContext* ctx) {
   const TF_DataType dtype = static_cast<TakeKernel*>(k)->dtype;
   int64_t in[3];
-  const NpyfeedTfFeedApi* api = api_or_fail(ctx);
-  if (api == nullptr || !scalar_inputs(ctx, 3, in)) return;
-  if (in[1] < 0 || in[2] < 0) return fail(ctx, 3, "npyfeed.tf: epoch and batch must not be negative");
+  const NpyfeedTfFeedApi* api = begin_call(ctx, 3, in, "epoch and batch");
+  if (api == nullptr) return;
   NpyfeedTfBatch b;
   if (int code = api->take(in[0], static_cast<uint64_t>(in[1]), static_cast<uint64_t>(in[2]), &b); code != 0) {
     return fail(ctx, code, api->last_error());
@@ -134,9 +147,8 @@ void delete_plain(void*) {}
 
 void compute_ids(void*, TF_OpKernelContext* ctx) {
   int64_t in[3];
-  const NpyfeedTfFeedApi* api = api_or_fail(ctx);
-  if (api == nullptr || !scalar_inputs(ctx, 3, in)) return;
-  if (in[1] < 0 || in[2] < 0) return fail(ctx, 3, "npyfeed.tf: epoch and batch must not be negative");
+  const NpyfeedTfFeedApi* api = begin_call(ctx, 3, in, "epoch and batch");
+  if (api == nullptr) return;
   const int64_t* ids = nullptr;
   size_t count = 0;
   void* owner = nullptr;
@@ -202,9 +214,8 @@ bool set_start_rows(TF_OpKernelContext* ctx, int first, const NpyfeedTfRows& row
 
 void compute_start_rows(void*, TF_OpKernelContext* ctx) {
   int64_t in[3];
-  const NpyfeedTfFeedApi* api = api_or_fail(ctx);
-  if (api == nullptr || !scalar_inputs(ctx, 3, in)) return;
-  if (in[1] < 0 || in[2] < 0) return fail(ctx, 3, "npyfeed.tf: epoch and batch must not be negative");
+  const NpyfeedTfFeedApi* api = begin_call(ctx, 3, in, "epoch and batch");
+  if (api == nullptr) return;
   NpyfeedTfRows rows;
   if (int code = api->start_rows(in[0], static_cast<uint64_t>(in[1]), static_cast<uint64_t>(in[2]), &rows); code != 0) {
     return fail(ctx, code, api->last_error());
@@ -215,9 +226,8 @@ void compute_start_rows(void*, TF_OpKernelContext* ctx) {
 
 void compute_num_groups(void*, TF_OpKernelContext* ctx) {
   int64_t in[2];
-  const NpyfeedTfFeedApi* api = api_or_fail(ctx);
-  if (api == nullptr || !scalar_inputs(ctx, 2, in)) return;
-  if (in[1] < 0) return fail(ctx, 3, "npyfeed.tf: the epoch must not be negative");
+  const NpyfeedTfFeedApi* api = begin_call(ctx, 2, in, "the epoch");
+  if (api == nullptr) return;
   int64_t count = 0;
   if (int code = api->num_groups(in[0], static_cast<uint64_t>(in[1]), &count); code != 0) {
     return fail(ctx, code, api->last_error());
@@ -234,9 +244,8 @@ TF_DataType storage_dtype(int32_t storage) {
 void compute_group(void* k, TF_OpKernelContext* ctx) {
   const TF_DataType dtype = static_cast<TakeKernel*>(k)->dtype;
   int64_t in[3];
-  const NpyfeedTfFeedApi* api = api_or_fail(ctx);
-  if (api == nullptr || !scalar_inputs(ctx, 3, in)) return;
-  if (in[1] < 0 || in[2] < 0) return fail(ctx, 3, "npyfeed.tf: epoch and group must not be negative");
+  const NpyfeedTfFeedApi* api = begin_call(ctx, 3, in, "epoch and group");
+  if (api == nullptr) return;
   NpyfeedTfGroup g;
   if (int code = api->group(in[0], static_cast<uint64_t>(in[1]), static_cast<uint64_t>(in[2]), &g); code != 0) {
     return fail(ctx, code, api->last_error());
