@@ -37,8 +37,10 @@ void BatchStream::fill() {
 
 std::shared_ptr<Job> BatchStream::next_job() {
   std::lock_guard lock(mutex_);
-  fill();
+  // Judged before fill(): a batch whose gather this very request starts was not ready, however fast it is (on a
+  // busy machine it could finish before this thread looks).
   if (!ready_when_asked_) ready_when_asked_ = ready_at_front(pending_);
+  fill();
   return pending_.empty() ? nullptr : pending_.front().job;
 }
 

@@ -237,8 +237,9 @@ std::shared_ptr<Job> BlockStream::pending_load() {
 std::shared_ptr<Job> BlockStream::next_job() {
   std::lock_guard lock(mutex_);
   for (;;) {
-    fill();
+    // Judged before fill(): a batch whose gather this very request starts was not ready (BatchStream::next_job).
     if (!ready_when_asked_) ready_when_asked_ = ready_at_front(pending_);
+    fill();
     if (!pending_.empty()) return pending_.front().job;
     if (closed_ || next_start_ >= num_batches_) return nullptr;
     // A read the next batch needs; none when it finished since fill() looked (then fill() starts the batch).
@@ -259,8 +260,8 @@ BlockStream::Batch BlockStream::take() {
   std::lock_guard lock(mutex_);
   for (;;) {
     if (closed_) return {};
-    fill();
     if (!ready_when_asked_) ready_when_asked_ = ready_at_front(pending_);
+    fill();
     if (!pending_.empty()) break;
     if (next_start_ >= num_batches_) return {};  // the end
     // A read the next batch needs; none when it finished since fill() looked (then fill() starts the batch).
