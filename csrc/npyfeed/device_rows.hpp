@@ -109,10 +109,17 @@ class DeviceRows {
   // The arrays of `keys` in this order, zero row last. `whole_files`: as a block reads them (read_block_array:
   // files read whole and checked against the source's), else through the source's readers.
   HostRows read_keys(const std::vector<std::uint32_t>& keys, bool label, bool whole_files) const;
+  // The start rows of samples `ids` (checked by the caller) in `layout`.
   StartRows start_rows(const std::vector<std::int64_t>& ids, const Layout& layout) const;
   HostRows straddler_windows(const std::vector<std::int64_t>& ids, bool label) const;
   std::int64_t label_rows(std::size_t key) const;
-  std::shared_ptr<const std::vector<DeviceGroup>> groups_of(std::uint64_t epoch, std::vector<ShardBlock>* blocks) const;
+  // A streamed epoch: its groups, and the blocks they index (EpochPlan::shard_blocks).
+  struct EpochGroups {
+    std::uint64_t epoch;
+    std::vector<DeviceGroup> groups;
+    std::vector<ShardBlock> blocks;
+  };
+  std::shared_ptr<const EpochGroups> groups_of(std::uint64_t epoch) const;
 
   std::shared_ptr<EpochPlan> plan_;
   StorageType storage_;
@@ -121,9 +128,7 @@ class DeviceRows {
   Layout resident_;
   std::uint64_t x_elems_, y_elems_;
   mutable std::mutex mutex_;  // the last epoch's groups
-  mutable std::uint64_t groups_epoch_ = 0;
-  mutable std::shared_ptr<const std::vector<DeviceGroup>> groups_;
-  mutable std::vector<ShardBlock> blocks_;
+  mutable std::shared_ptr<const EpochGroups> last_epoch_;
 };
 
 }  // namespace npyfeed

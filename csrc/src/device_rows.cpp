@@ -249,7 +249,6 @@ HostRows DeviceRows::read_resident(bool label) const { return read_keys(keys_, l
 
 StartRows DeviceRows::start_rows(const std::vector<std::int64_t>& ids, const Layout& layout) const {
   const WindowSource& source = plan_->source();
-  source.check_ids(ids);
   const std::int64_t window = source.options().window;
   const bool pad = source.options().bounds == Bounds::kPad;
   StartRows out;
@@ -281,24 +280,24 @@ StartRows DeviceRows::start_rows(const std::vector<std::int64_t>& ids, const Lay
 
 StartRows DeviceRows::rows(std::uint64_t epoch, std::size_t batch) const {
   const std::vector<std::int64_t> ids = plan_->ids(epoch, batch);
+  plan_->source().check_ids(ids);
   StartRows out = start_rows(ids, resident_);
   const WindowSource& source = plan_->source();
   plan_->stats()->served(ids.size(), ids.size() * (source.x_sample_bytes() + source.y_sample_bytes()), 0, 0);
   return out;
 }
 
-std::shared_ptr<const std::vector<DeviceGroup>> DeviceRows::groups_of(std::uint64_t epoch,
-                                                                      std::vector<ShardBlock>* blocks) const {
+std::shared_ptr<const DeviceRows::EpochGroups> DeviceRows::groups_of(std::uint64_t epoch) const {
   {
     std::lock_guard lock(mutex_);
-    if (groups_ && groups_epoch_ == epoch) {
-      if (blocks != nullptr) *blocks = blocks_;
-      return groups_;
-    }
+    if (last_epoch_ && last_epoch_->epoch == epoch) return last_epoch_;
   }
   if (plan_->spec().shuffle != Shuffle::kBlocks)
     throw InvalidArgument("gather='device' streams groups of blocks only with shuffle='blocks'");
-  std::vector<ShardBlock> shard_blocks = plan_->shard_blocks(epoch);
+  auto out = std::make_shared<EpochGroups>();
+  out->epoch = epoch;
+  out->blocks = plan_->shard_blocks(epoch);
+  const std::vector<ShardBlock>& shard_blocks = out->blocks;
   const std::size_t num_batches = plan_->num_batches();
   const std::uint64_t size = plan_->shard_size();
   const std::uint64_t batch = plan_->spec().batch_size;
@@ -308,41 +307,37 @@ std::shared_ptr<const std::vector<DeviceGroup>> DeviceRows::groups_of(std::uint6
                                                      [](std::uint64_t v, const ShardBlock& b) { return v < b.end; }) -
                                     shard_blocks.begin());
   };
-  auto groups = std::make_shared<std::vector<DeviceGroup>>();
+  std::vector<DeviceGroup>& groups = out->groups;
   for (std::size_t b = 0; b < num_batches; ++b) {
     const std::uint64_t first = b * batch;
     const std::size_t first_block = block_of(first);
     const std::size_t last_block = block_of(std::min(first + batch, size) - 1);
     const bool straddles = first_block != last_block;
     // A group starts at every straddling batch, after one, and where the block changes.
-    const bool starts = groups->empty() || straddles || groups->back().first_block != groups->back().last_block ||
-                        groups->back().first_block != first_block;
+    const bool starts = groups.empty() || straddles || groups.back().first_block != groups.back().last_block ||
+                        groups.back().first_block != first_block;
     if (starts) {
-      groups->push_back({b, b + 1, first_block, last_block});
+      groups.push_back({b, b + 1, first_block, last_block});
     } else {
-      groups->back().end_batch = b + 1;
+      groups.back().end_batch = b + 1;
     }
   }
   std::lock_guard lock(mutex_);
-  groups_epoch_ = epoch;
-  groups_ = groups;
-  blocks_ = std::move(shard_blocks);
-  if (blocks != nullptr) *blocks = blocks_;
-  return groups_;
+  last_epoch_ = std::move(out);
+  return last_epoch_;
 }
 
-std::vector<DeviceGroup> DeviceRows::groups(std::uint64_t epoch) const { return *groups_of(epoch, nullptr); }
+std::vector<DeviceGroup> DeviceRows::groups(std::uint64_t epoch) const { return groups_of(epoch)->groups; }
 
 std::uint64_t DeviceRows::streamed_epoch_bytes(std::uint64_t epoch) const {
-  std::vector<ShardBlock> blocks;
-  const auto groups = groups_of(epoch, &blocks);
+  const auto epoch_groups = groups_of(epoch);
   const WindowSource& source = plan_->source();
   const auto window = static_cast<std::uint64_t>(source.options().window);
   const std::uint64_t batch = plan_->spec().batch_size;
   std::uint64_t rows_x = 0, rows_y = 0;
-  for (const DeviceGroup& g : *groups) {
+  for (const DeviceGroup& g : epoch_groups->groups) {
     if (g.first_block == g.last_block) {
-      const Layout layout = layout_of(blocks.at(g.first_block).keys);
+      const Layout layout = layout_of(epoch_groups->blocks.at(g.first_block).keys);
       rows_x += static_cast<std::uint64_t>(layout.factor_zero) + 1;
       rows_y += static_cast<std::uint64_t>(layout.label_zero) + 1;
     } else {
@@ -381,13 +376,13 @@ HostRows DeviceRows::straddler_windows(const std::vector<std::int64_t>& ids, boo
 }
 
 GroupUpload DeviceRows::group(std::uint64_t epoch, std::size_t index) const {
-  std::vector<ShardBlock> blocks;
-  const auto groups = groups_of(epoch, &blocks);
-  if (index >= groups->size()) {
-    throw IndexOutOfRange("group " + std::to_string(index) + " of an epoch of " + std::to_string(groups->size()) +
+  const auto epoch_groups = groups_of(epoch);
+  const std::vector<DeviceGroup>& groups = epoch_groups->groups;
+  if (index >= groups.size()) {
+    throw IndexOutOfRange("group " + std::to_string(index) + " of an epoch of " + std::to_string(groups.size()) +
                           " groups");
   }
-  const DeviceGroup& g = (*groups)[index];
+  const DeviceGroup& g = groups[index];
   std::vector<std::int64_t> ids;
   std::vector<std::size_t> batch_sizes;
   for (std::size_t b = g.first_batch; b < g.end_batch; ++b) {
@@ -398,7 +393,7 @@ GroupUpload DeviceRows::group(std::uint64_t epoch, std::size_t index) const {
   plan_->source().check_ids(ids);
   GroupUpload out;
   if (g.first_block == g.last_block) {
-    const std::vector<std::uint32_t>& keys = blocks.at(g.first_block).keys;
+    const std::vector<std::uint32_t>& keys = epoch_groups->blocks.at(g.first_block).keys;
     out.rows = start_rows(ids, layout_of(keys));
     out.factors = read_keys(keys, false, true);
     out.labels = read_keys(keys, true, true);

@@ -41,6 +41,16 @@ void copy_guarded(const ArraySource& source, std::uint64_t offset, std::uint64_t
   if (!guarded(copy)) throw shrunk_mapping_error(source.name(), source.header().data_offset + offset, length);
 }
 
+// `rows` source rows of `type` at `src` into output rows at `dst`: items of `out_size` bytes (4 float, 8 double).
+void convert_to(const RowTransform& t, const std::byte* src, const ScalarType& type, std::uint64_t rows,
+                std::uint32_t out_size, std::byte* dst) {
+  if (out_size == 4) {
+    t.apply<float>(src, type, rows, reinterpret_cast<float*>(dst));
+  } else {
+    t.apply<double>(src, type, rows, reinterpret_cast<double*>(dst));
+  }
+}
+
 // Rows [first, last) of `source` in C order: from its reader (or a view), transposed from a Fortran-order
 // file into `scratch`. Valid until the next fetch on this thread.
 // Where `t` selects columns, only those are read and transposed (the others are left unset in `scratch`).
@@ -134,13 +144,8 @@ void read_converted_rows(const ArraySource& source, const RowTransform& t, std::
     const std::byte* rows = fetch_rows(source, a, b, scratch, t);
     const auto count = static_cast<std::uint64_t>(b - a);
     std::byte* out = dst + static_cast<std::uint64_t>(a - first) * out_row_bytes;
-    copy_guarded(source, static_cast<std::uint64_t>(a) * src_row_bytes, count * src_row_bytes, [&] {
-      if (out_size == 4) {
-        t.apply<float>(rows, source.header().scalar, count, reinterpret_cast<float*>(out));
-      } else {
-        t.apply<double>(rows, source.header().scalar, count, reinterpret_cast<double*>(out));
-      }
-    });
+    copy_guarded(source, static_cast<std::uint64_t>(a) * src_row_bytes, count * src_row_bytes,
+                 [&] { convert_to(t, rows, source.header().scalar, count, out_size, out); });
   }
 }
 
@@ -198,11 +203,7 @@ void Gather::hint_will_need() const {
 
 void Gather::convert_rows(const RowTransform& t, const std::byte* src, const ScalarType& type, std::uint64_t rows,
                           std::byte* dst) const {
-  if (in_.out_size == 4) {
-    t.apply<float>(src, type, rows, reinterpret_cast<float*>(dst));
-  } else {
-    t.apply<double>(src, type, rows, reinterpret_cast<double*>(dst));
-  }
+  convert_to(t, src, type, rows, in_.out_size, dst);
 }
 
 void Gather::finish_rows(const RowTransform& t, std::byte* dst, std::uint64_t rows) const {

@@ -25,8 +25,6 @@ from .plan import shuffle_kind
 #: Share of the device's free memory (of the memory available, on the CPU) a pipeline may upload by default.
 DEFAULT_BUDGET_SHARE = 0.8
 
-STORAGE_DTYPES = ("float16", "bfloat16", "float32", "float64")
-
 #: Streamed: groups held on the device at once (the one being consumed and the next one, uploading).
 GROUPS_HELD = 2
 #: In a graph (tf.compat.v1, tf.estimator), resident arrays are constants of the graph, whose protocol buffer

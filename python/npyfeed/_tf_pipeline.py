@@ -125,13 +125,14 @@ def device_pipeline(src, plan, batch_size: int, drop_remainder: bool, epoch: int
     (`_device.DeviceGather`); resident, or streamed block by block over `device_memory_budget`."""
     from ._device import DeviceGather
 
-    target = device if device is not None else _default_device()
-    _check_device(target)
     batches = plan._core
     storage = str(storage_dtype) if storage_dtype is not None else np.dtype(src.dtype).name
-    # The host half is the core's (the arrays read through the source's readers, the start rows); it refuses a
-    # source that transforms its rows.
-    on_device = DeviceGather(src, plan, _core.DeviceRows(batches, storage), target, device_memory_budget)
+    # The host half is the core's (the arrays read through the source's readers, the start rows); it checks
+    # `storage_dtype` and refuses a source that transforms its rows.
+    host_rows = _core.DeviceRows(batches, storage)
+    target = device if device is not None else _default_device()
+    _check_device(target)
+    on_device = DeviceGather(src, plan, host_rows, target, device_memory_budget)
     spec = _BatchSpec.of(src, batch_size, drop_remainder)
     # The feed counts the passes' epochs and hands out the start rows and groups (native ops: no Python per step).
     feed, registration = _tf_feed.open_feed(batches, epoch, spec.dtype, on_device)

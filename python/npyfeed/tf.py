@@ -155,10 +155,6 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
                     shard_by=shard_by)
     if gather == "host":
         return _tf_pipeline.host_pipeline(src, plan, batch_size, drop_remainder, epoch, device)
-    from ._device import STORAGE_DTYPES
-
-    if storage_dtype is not None and str(storage_dtype) not in STORAGE_DTYPES:
-        raise ValueError(f"storage_dtype must be one of {STORAGE_DTYPES}, got {storage_dtype!r}")
     if device_memory_budget is not None:
         device_memory_budget = _checks.positive(device_memory_budget, "device_memory_budget")
     return _tf_pipeline.device_pipeline(src, plan, batch_size, drop_remainder, epoch, device, storage_dtype,
