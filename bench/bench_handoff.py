@@ -9,7 +9,8 @@ B=256, (4800, 256) float32 files, ``shuffle=True``, mode ``"mmap"``):
 * **fit**: ``model.fit(ds, steps_per_epoch=...)`` on a tiny model (the last window row through a Dense layer),
   so that the step is input-bound;
 * **floor eager** / **floor tf.function**: a dataset that hands out one pre-made batch
-  (``from_tensors(...).repeat()``): TensorFlow's own cost per element, with nothing gathered.
+  (``from_tensors(...).repeat()``, autotuning off as in npyfeed's pipelines): TensorFlow's own cost per element,
+  with nothing gathered.
 * **device eager** / **device tf.function**: ``gather="device"`` on the CPU device (``device="/cpu:0"``): the
   arrays uploaded once, each step's host half only start rows, the batch formed by one ``tf.gather``;
   **device streamed tf.function**: the same with ``shuffle="blocks"`` and a device budget under the arrays (a
@@ -17,8 +18,9 @@ B=256, (4800, 256) float32 files, ``shuffle=True``, mode ``"mmap"``):
   device path (Python per step, or native ops), before and after with ``--baseline``.
 
 Each row reports samples/s, its ratio to the numpy row of its own round (median and worst over the rounds),
-and CPU per batch by thread: npyfeed's gather workers, the main thread, and TensorFlow's threads (read from
-``/proc/self/task``). On a 2-core box the gather saturates both cores, so any CPU TensorFlow spends per batch
+for ``fit`` the longest time from its last step to its return (where Keras deletes its iterator: with tf.data's
+autotuning on, that waited for the autotuning thread's period, up to seconds), and CPU per batch by thread:
+npyfeed's gather workers, the main thread, and TensorFlow's threads (read from ``/proc/self/task``). On a 2-core box the gather saturates both cores, so any CPU TensorFlow spends per batch
 comes out of the gather's; the floor rows show what TensorFlow costs at the least.
 
 ``--baseline DIR`` runs the same rounds with another npyfeed install too (``pip install --no-build-isolation
@@ -127,17 +129,31 @@ def child(cfg: dict) -> dict:
 
     x_shape, y_shape = (batch, *src.x_shape), (batch, *src.y_shape)
     floor = tf.data.Dataset.from_tensors((tf.zeros(x_shape), tf.zeros(y_shape))).repeat()
+    no_model = tf.data.Options()
+    no_model.autotune.enabled = False  # as npyfeed's: a fit's end would wait for the autotuning thread's period
+    floor = floor.with_options(no_model)
     def tiny_model(steps_per_execution):
         model = tf.keras.Sequential([tf.keras.Input(src.x_shape), tf.keras.layers.Lambda(lambda t: t[:, -1, :]),
                                      tf.keras.layers.Dense(int(np.prod(src.y_shape)))])
         model.compile(optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution)
         return model
 
-    def fit(dataset, steps_per_execution):
+    end_lag = {}
+
+    class EndLag(tf.keras.callbacks.Callback):
+        """Times the end of ``fit``: from its last step (on_train_end) to its return, where Keras deletes the
+        iterator (no per-batch hook: the steps run as without it)."""
+
+        def on_train_end(self, logs=None):
+            self.ended = time.perf_counter()
+
+    def fit(dataset, steps_per_execution, row):
         model = tiny_model(steps_per_execution)
 
         def run():
-            model.fit(dataset, steps_per_epoch=batches, epochs=1, verbose=0)
+            lag = EndLag()
+            model.fit(dataset, steps_per_epoch=batches, epochs=1, verbose=0, callbacks=[lag])
+            end_lag[row] = time.perf_counter() - lag.ended
             return batches * batch
         return run
 
@@ -161,10 +177,11 @@ def child(cfg: dict) -> dict:
             return made[0]()
         return run
 
-    runs = {"numpy": numpy_rows, "eager": eager_loop(ds), "tf.function": in_function(ds), "fit": fit(ds, 1),
-            "fit steps_per_execution=32": fit(ds, 32), "floor eager": eager_loop(floor),
-            "floor tf.function": in_function(floor), "floor fit": fit(floor, 1),
-            "floor fit steps_per_execution=32": fit(floor, 32),
+    runs = {"numpy": numpy_rows, "eager": eager_loop(ds), "tf.function": in_function(ds), "fit": fit(ds, 1, "fit"),
+            "fit steps_per_execution=32": fit(ds, 32, "fit steps_per_execution=32"),
+            "floor eager": eager_loop(floor), "floor tf.function": in_function(floor),
+            "floor fit": fit(floor, 1, "floor fit"),
+            "floor fit steps_per_execution=32": fit(floor, 32, "floor fit steps_per_execution=32"),
             "device eager": lazily(device_dataset(False), eager_loop),
             "device tf.function": lazily(device_dataset(False), in_function),
             "device streamed tf.function": lazily(device_dataset(True), in_function)}
@@ -179,6 +196,8 @@ def child(cfg: dict) -> dict:
         out[name] = {"samples_per_s": samples / seconds,
                      "cpu_ms_per_batch": {k: 1e3 * (cpu1[k] - cpu0[k]) / steps for k in cpu0},
                      "load": os.getloadavg()[0]}
+        if name in end_lag:
+            out[name]["end_lag_s"] = end_lag[name]
     return out
 
 
@@ -239,7 +258,7 @@ def main(argv=None) -> int:
     print(f"\n{args.rounds} rounds, {args.keys} keys x (4800, 256) float32, W={args.window}, B={args.batch}, "
           f"{args.batches} batches per row; x numpy = the row over the numpy row of the same round and build")
     header = ["build", "row", "samples/s (median)", "x numpy median", "x numpy worst", "x numpy per round",
-              "CPU ms/batch: gather / main / TF", "cap", "x cap", "target"]
+              "CPU ms/batch: gather / main / TF", "cap", "x cap", "fit end ms (max)", "target"]
     table = []
     summary = {}
     for name, _ in builds:
@@ -263,12 +282,14 @@ def main(argv=None) -> int:
             if row in TARGETS:
                 met = median >= TARGETS[row] or (cap is not None and median >= 0.95 * cap)
                 verdict = f">= {TARGETS[row]:.2f}x or 0.95x cap: " + ("met" if met else "not met")
-            summary[f"{name}: {row}"] = {"rates": rates, "ratios": ratios, "cpu_ms_per_batch": cpu, "cap": cap}
+            lags = [rnd[row]["end_lag_s"] for rnd in rounds if "end_lag_s" in rnd[row]]
+            summary[f"{name}: {row}"] = {"rates": rates, "ratios": ratios, "cpu_ms_per_batch": cpu, "cap": cap,
+                                         "fit_end_lag_s": lags}
             table.append([name, row, f"{statistics.median(rates):,.0f}", f"{median:.3f}", f"{min(ratios):.3f}",
                           " / ".join(f"{q:.2f}" for q in ratios),
                           " / ".join(f"{cpu[k]:.2f}" for k in ("gather", "main", "tensorflow")),
                           "" if cap is None else f"{cap:.3f}", "" if cap is None else f"{median / cap:.3f}",
-                          verdict])
+                          f"{1e3 * max(lags):.0f}" if lags else "", verdict])
     print(common.format_table(header, table))
     if args.json:
         common.write_json(args.json, {"args": vars(args), "machine": common.machine_info(), "rows": summary,

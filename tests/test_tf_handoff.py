@@ -96,6 +96,33 @@ def test_the_fallback_keeps_its_prefetch(tf, src, monkeypatch):
     assert "PrefetchDataset" in names, names
 
 
+@pytest.mark.parametrize("pipeline", ["native", "fallback", "device", "device streamed"])
+def test_no_pipeline_runs_an_autotuning_model(tf, src, monkeypatch, pipeline):
+    # With autotuning on, deleting an iterator waits for its model thread's current period (up to a minute):
+    # every Keras fit/evaluate/predict deletes one. Nothing in these pipelines needs it; a parallel map appended
+    # with AUTOTUNE still runs, and reads the same batches.
+    monkeypatch.setenv("NPYFEED_TF_OPS", "0" if pipeline == "fallback" else "1")
+    kwargs = {}
+    if pipeline.startswith("device"):
+        kwargs = {"gather": "device", "device": "/cpu:0"}
+    if pipeline == "device streamed":  # arrays of 36,000 bytes, streamed within 30,000 in blocks of one key
+        rng = np.random.default_rng(6)
+        src = npyfeed.WindowSource.from_arrays(
+            [(int(f), int(f), k) for k in "abc" for f in rng.integers(3, 600, 20)],
+            {k: rng.standard_normal((600, 3)).astype(np.float32) for k in "abc"},
+            {k: rng.standard_normal((600, 2)).astype(np.float32) for k in "abc"}, 4)
+        kwargs.update(shuffle="blocks", memory_budget=1 << 13, device_memory_budget=30000)
+    else:
+        kwargs["shuffle"] = True
+    ds = npyfeed.tf.dataset(src, BATCH, seed=3, **kwargs)
+    assert ds.options().autotune.enabled is False
+    doubled = ds.map(lambda x, y: (2 * x, y), num_parallel_calls=tf.data.AUTOTUNE)
+    assert doubled.options().autotune.enabled is False
+    want = [(2 * x, y) for x, y in src.batches(BATCH, seed=3, epoch=0, **{k: v for k, v in kwargs.items()
+                                                                          if k in ("shuffle", "memory_budget")})]
+    _assert_batches(list(doubled), want)
+
+
 def test_eager_iterators_are_npyfeeds_and_read_the_numpy_batches(tf, src):
     import npyfeed._tf_pipeline
 
