@@ -650,11 +650,19 @@ _SCRIPTS = {
         import _thread, signal
         import npyfeed.tf
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's background job ignores SIGINT
-        threading.Timer(1.0, _thread.interrupt_main).start()
+        caught = threading.Event()
+
+        def press_ctrl_c():  # again until it lands: one that lands in a __del__ (TensorFlow's executors have
+            time.sleep(1.0)  # one) is printed and dropped by Python, as a user's first Ctrl-C would be
+            while not caught.wait(0.5):
+                _thread.interrupt_main()
+
+        threading.Thread(target=press_ctrl_c, daemon=True).start()
         try:
             for x in npyfeed.tf.dataset(src, 1, shuffle=True).repeat():
                 time.sleep(0.01)
         except KeyboardInterrupt:
+            caught.set()
             print("ok")
     """,
     # The native path: gathers in flight (batches of 25 MB) as the script exits, no exit hook involved.
