@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -32,20 +34,34 @@ class AlignedBuffer {
   bool mapped_ = false;  // a mapping of its own (large buffers), else malloc's
 };
 
-/// Recycles batch buffers: a buffer comes back only when its last user (a numpy array, a tensor that
-/// adopted it) has let go, so memory still held by anyone is never written again. Recycling avoids
-/// paying page faults on fresh memory for every batch.
+/// Recycles buffers: a buffer comes back only when its last user (a numpy array, a tensor that adopted it, a
+/// block's arrays) has let go, so memory still held by anyone is never written again. Recycling avoids paying
+/// page faults on fresh memory (and the unmapping of the old) for every batch or block file.
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
-  explicit BufferPool(std::size_t max_kept) : max_kept_(max_kept) {}
-  /// A buffer of at least `size` bytes; when the returned pointer's last copy dies it goes back to the pool.
-  std::shared_ptr<AlignedBuffer> acquire(std::size_t size);
+  /// Keeps at most `max_kept` free buffers and, with `room`, at most room(n) bytes of them when n are kept
+  /// (asked as each buffer comes back and at each miss: e.g. what a memory budget leaves beside the memory in
+  /// use, with an allowance per buffer).
+  explicit BufferPool(std::size_t max_kept, std::function<std::uint64_t(std::size_t buffers)> room = {})
+      : max_kept_(max_kept), room_(std::move(room)) {}
+  /// A buffer of exactly `size` bytes aligned to at least `alignment`: a free one, else a new one (the oldest
+  /// free ones let go first where `room` leaves no place for them). When the returned pointer's last copy
+  /// dies it comes back to the pool (or is freed, with the pool gone or full).
+  std::shared_ptr<AlignedBuffer> acquire(std::size_t size, std::size_t alignment = kBufferAlignment);
+  /// Bytes of the free buffers kept now.
+  std::uint64_t kept_bytes() const;
+  /// Buffers handed out again so far (for tests and benchmarks).
+  std::uint64_t reused() const;
 
  private:
   void give_back(AlignedBuffer* buffer);
-  std::mutex mutex_;
-  std::vector<std::unique_ptr<AlignedBuffer>> free_;
+  std::uint64_t room(std::size_t buffers) const { return room_ ? room_(buffers) : UINT64_MAX; }
+  mutable std::mutex mutex_;
+  std::vector<std::unique_ptr<AlignedBuffer>> free_;  // oldest first
+  std::uint64_t kept_bytes_ = 0;
+  std::uint64_t reused_ = 0;
   std::size_t max_kept_;
+  std::function<std::uint64_t(std::size_t)> room_;
 };
 
 }  // namespace npyfeed

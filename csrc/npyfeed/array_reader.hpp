@@ -51,6 +51,9 @@ struct ReaderOptions {
   /// read/direct: a file of at most this many bytes (header included) is read whole at open, with one
   /// read, and served from memory afterwards.
   std::uint64_t read_whole_up_to = 0;
+  /// read/direct, a file read whole: its buffer comes from this pool (and goes back to it once the array is
+  /// let go) instead of fresh memory. Null: fresh memory.
+  std::shared_ptr<BufferPool> whole_file_buffers;
   /// mmap: map the file on demand through this bounded cache instead of once at open (more files than
   /// the process may map at once).
   std::shared_ptr<MappingCache> mappings;

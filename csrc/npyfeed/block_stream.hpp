@@ -40,15 +40,17 @@ std::shared_ptr<const SamplesByKey> group_samples_by_key(const WindowSource& sou
 /// (one large read, O_DIRECT in modes "direct" and "mmap", buffered in "read"), checked against the array as the
 /// source opened it; arrays in memory and members of `.npz` archives as the source holds them. `bytes_read`
 /// (when given) gets the bytes read. Throws OsError, NpyFormatError naming the file (deleted, truncated, or
-/// changed since the source opened it).
+/// changed since the source opened it). A file read takes its memory from `buffers` when given.
 ArraySource read_block_array(const WindowSource& source, std::uint32_t key, bool label,
-                             std::uint64_t* bytes_read = nullptr);
+                             std::uint64_t* bytes_read = nullptr, std::shared_ptr<BufferPool> buffers = nullptr);
 
 /// Batches of one shard of a blocks epoch. Memory: the blocks held (read ahead, being consumed, or read by a
 /// gather in flight) never exceed `memory_budget` bytes of array data (plus each file's header and O_DIRECT
 /// alignment, under 8 KiB a file), except where one batch alone needs
 /// more (a key larger than half the budget, a batch spanning more than two blocks): then they are the
-/// blocks that batch needs. Batch buffers (prefetch + 2 batches) come on top.
+/// blocks that batch needs. Batch buffers (prefetch + 2 batches) come on top. A block's file buffers, once it is
+/// let go, are kept for the next blocks' reads (no fresh pages to fault in per file) while the blocks held and
+/// the buffers kept stay within `memory_budget`.
 /// Files of a file source are read whole, with O_DIRECT in modes "direct" and "mmap" (buffered in "read");
 /// an error names the file (deleted, truncated, replaced by an array of another shape). Arrays in memory, and
 /// members of `.npz` archives (which the source holds in memory or maps), are used in place and not counted.
@@ -77,6 +79,9 @@ class BlockStream final : public EpochStream {
   /// Bytes of file data held now, and the most held at once so far (for tests and benchmarks).
   std::uint64_t buffered_bytes() const noexcept { return counters_->held.load(); }
   std::uint64_t peak_buffered_bytes() const noexcept { return counters_->peak.load(); }
+  /// Bytes of block file buffers kept for the next reads now, and how many reads took one so far.
+  std::uint64_t kept_file_bytes() const { return file_buffers_->kept_bytes(); }
+  std::uint64_t reused_file_buffers() const { return file_buffers_->reused(); }
   const BlockPlan& plan() const noexcept { return *plan_; }
 
  private:
@@ -118,7 +123,8 @@ class BlockStream final : public EpochStream {
   std::deque<Block> blocks_;    // held, consecutive, from the oldest still needed
   std::deque<Pending> pending_;
   std::shared_ptr<Counters> counters_;
-  std::shared_ptr<BufferPool> buffers_;
+  std::shared_ptr<BufferPool> buffers_;       // batches
+  std::shared_ptr<BufferPool> file_buffers_;  // the files of blocks (within memory_budget with the blocks held)
   std::shared_ptr<PipelineStats> stats_;
   std::optional<std::size_t> ready_when_asked_;  // for the next take(): ready_at_front() at its first next_job()
   std::shared_ptr<Job> waited_load_;             // the last block read take() waited for (each counted once)

@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <iterator>
 #include <new>
+#include <utility>
 
 namespace npyfeed {
 
@@ -51,19 +53,35 @@ AlignedBuffer::~AlignedBuffer() {
   }
 }
 
-std::shared_ptr<AlignedBuffer> BufferPool::acquire(std::size_t size) {
+std::shared_ptr<AlignedBuffer> BufferPool::acquire(std::size_t size, std::size_t alignment) {
   std::unique_ptr<AlignedBuffer> buffer;
+  std::vector<std::unique_ptr<AlignedBuffer>> dropped;  // freed outside the lock
+  std::size_t kept;
+  {
+    std::lock_guard lock(mutex_);
+    kept = free_.size();
+  }
+  const std::uint64_t limit = room(kept);  // outside the lock: room() may take locks of its own
   {
     std::lock_guard lock(mutex_);
     for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if ((*it)->size() == size) {
+      if ((*it)->size() == size && (*it)->alignment() >= alignment) {
         buffer = std::move(*it);
         free_.erase(it);
+        kept_bytes_ -= size;
+        ++reused_;
         break;
       }
     }
+    if (!buffer) {  // a miss: what is kept must leave room for the new buffer
+      std::size_t drop = 0;
+      while (drop < free_.size() && kept_bytes_ > limit) kept_bytes_ -= free_[drop++]->size();
+      dropped.assign(std::make_move_iterator(free_.begin()), std::make_move_iterator(free_.begin() + drop));
+      free_.erase(free_.begin(), free_.begin() + drop);
+    }
   }
-  if (!buffer) buffer = std::make_unique<AlignedBuffer>(size);
+  dropped.clear();
+  if (!buffer) buffer = std::make_unique<AlignedBuffer>(size, alignment);
   std::weak_ptr<BufferPool> pool = weak_from_this();
   return std::shared_ptr<AlignedBuffer>(buffer.release(), [pool](AlignedBuffer* b) {
     if (auto p = pool.lock()) {
@@ -75,9 +93,28 @@ std::shared_ptr<AlignedBuffer> BufferPool::acquire(std::size_t size) {
 }
 
 void BufferPool::give_back(AlignedBuffer* buffer) {
-  std::unique_ptr<AlignedBuffer> owned(buffer);
+  std::unique_ptr<AlignedBuffer> owned(buffer);  // freed on return (outside the lock) unless kept
+  std::size_t kept;
+  {
+    std::lock_guard lock(mutex_);
+    kept = free_.size();
+  }
+  const std::uint64_t limit = room(kept + 1);
   std::lock_guard lock(mutex_);
-  if (free_.size() < max_kept_) free_.push_back(std::move(owned));
+  if (free_.size() < max_kept_ && kept_bytes_ + owned->size() <= limit) {
+    kept_bytes_ += owned->size();
+    free_.push_back(std::move(owned));
+  }
+}
+
+std::uint64_t BufferPool::kept_bytes() const {
+  std::lock_guard lock(mutex_);
+  return kept_bytes_;
+}
+
+std::uint64_t BufferPool::reused() const {
+  std::lock_guard lock(mutex_);
+  return reused_;
 }
 
 }  // namespace npyfeed

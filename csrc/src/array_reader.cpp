@@ -329,7 +329,8 @@ class DirectReader final : public FileReader {
 
 // A small file in read/direct mode: one read of the whole file, header included (a separate header read
 // would cost a second IO per file when the cache is cold), into the buffer that then holds the array.
-std::shared_ptr<ArrayReader> read_whole(const File& file, ReadMode mode, std::size_t max_header_size) {
+std::shared_ptr<ArrayReader> read_whole(const File& file, ReadMode mode, std::size_t max_header_size,
+                                        BufferPool* buffers) {
   const std::string& path = file.path();
   const std::uint64_t size = file.size();
   File direct_file;
@@ -341,8 +342,10 @@ std::shared_ptr<ArrayReader> read_whole(const File& file, ReadMode mode, std::si
     if (direct_file.is_open()) align = direct_alignment(direct_file);
   }
   const std::size_t buffer_align = std::max<std::size_t>(align, kBufferAlignment);
-  auto buffer = std::make_shared<AlignedBuffer>(align_up(std::max<std::uint64_t>(size, 1), buffer_align) + buffer_align,
-                                                buffer_align);
+  const std::size_t buffer_size = align_up(std::max<std::uint64_t>(size, 1), buffer_align) + buffer_align;
+  std::shared_ptr<AlignedBuffer> buffer = buffers != nullptr
+                                              ? buffers->acquire(buffer_size, buffer_align)
+                                              : std::make_shared<AlignedBuffer>(buffer_size, buffer_align);
   std::uint64_t got = size;
   if (!direct_file.is_open() || !read_direct_into(direct_file, align, buffer->data(), 0, size)) {
     fell_back = direct_file.is_open() || fell_back;
@@ -398,7 +401,7 @@ NpyHeader read_header(const File& file, std::size_t max_header_size) {
 std::shared_ptr<ArrayReader> ArrayReader::open(const std::string& path, const ReaderOptions& options) {
   File file = File::open(path);
   if (options.mode != ReadMode::kMmap && file.size() <= options.read_whole_up_to) {
-    return read_whole(file, options.mode, options.max_header_size);
+    return read_whole(file, options.mode, options.max_header_size, options.whole_file_buffers.get());
   }
   NpyHeader header = read_header(file, options.max_header_size);
   switch (options.mode) {

@@ -11,6 +11,9 @@ namespace npyfeed {
 
 namespace {
 
+// What a file read whole may hold beyond its data: its header and the O_DIRECT alignment of its buffer.
+constexpr std::uint64_t kFileAllowance = 8192;
+
 // A file source's array that must be read for a block: anything not already in owned memory (a small label
 // file read whole at open is; a mapping of a `.npy` is not: a block never faults pages of a mapping in).
 // Members of a `.npz` are used where the source holds them (inflated or read at open, or, stored in mode
@@ -29,8 +32,10 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
 
 // The file behind `opened`, read whole (one large read, O_DIRECT where asked and allowed) into owned memory.
 // The samples were checked against the array as opened: one that changed shape or type since is an error.
-ArraySource read_whole_file(const ArraySource& opened, const WindowOptions& options, ReadMode mode) {
+ArraySource read_whole_file(const ArraySource& opened, const WindowOptions& options, ReadMode mode,
+                            std::shared_ptr<BufferPool> buffers) {
   ReaderOptions reader_options;
+  reader_options.whole_file_buffers = std::move(buffers);
   reader_options.mode = mode;
   reader_options.max_header_size = options.max_header_size;
   reader_options.keep_open = false;
@@ -49,12 +54,13 @@ ArraySource read_whole_file(const ArraySource& opened, const WindowOptions& opti
 
 }  // namespace
 
-ArraySource read_block_array(const WindowSource& source, std::uint32_t key, bool label, std::uint64_t* bytes_read) {
+ArraySource read_block_array(const WindowSource& source, std::uint32_t key, bool label, std::uint64_t* bytes_read,
+                             std::shared_ptr<BufferPool> buffers) {
   const ArraySource& opened = label ? source.label_source(key) : source.factor_source(key);
   if (bytes_read != nullptr) *bytes_read = 0;
   if (!must_read(source, key, label)) return opened;
   const ReadMode mode = source.options().mode == ReadMode::kRead ? ReadMode::kRead : ReadMode::kDirect;
-  ArraySource read = read_whole_file(opened, source.options(), mode);
+  ArraySource read = read_whole_file(opened, source.options(), mode, std::move(buffers));
   if (bytes_read != nullptr) *bytes_read = opened.header().nbytes;
   return read;
 }
@@ -84,6 +90,14 @@ BlockStream::BlockStream(std::shared_ptr<WindowSource> source, std::shared_ptr<c
       buffers_(std::make_shared<BufferPool>(2 * (std::max<std::size_t>(prefetch, 1) + 2))),
       stats_(stats ? std::move(stats) : source_->stats()) {
   if (batch_size_ == 0) throw InvalidArgument("batch_size must be at least 1");
+  // The files of a block let go go to the next blocks' reads: kept only while the blocks held (in data bytes)
+  // and the buffers kept stay within the budget, with the allowance for each file's header and O_DIRECT
+  // alignment that the blocks have (under 8 KiB a file).
+  file_buffers_ =
+      std::make_shared<BufferPool>(SIZE_MAX, [counters = counters_, budget = memory_budget_](std::size_t buffers) {
+        const std::uint64_t held = counters->held.load();
+        return (held < budget ? budget - held : std::uint64_t{0}) + kFileAllowance * buffers;
+      });
   const std::uint64_t n = plan_->shard_size();
   num_batches_ = drop_remainder ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
   next_start_ = std::min(start_batch, num_batches_);
@@ -123,8 +137,8 @@ void BlockStream::start_load(std::size_t index) {
   while (held > peak && !counters->peak.compare_exchange_weak(peak, held)) {
   }
   auto arrays = std::shared_ptr<KeyArrays>(new KeyArrays, [counters, bytes](KeyArrays* a) {
+    counters->held.fetch_sub(bytes);  // first: the buffers then go back to the pool within the budget
     delete a;
-    counters->held.fetch_sub(bytes);
   });
   arrays->factors.resize(source.num_keys());
   arrays->labels.resize(source.num_keys());
@@ -133,6 +147,7 @@ void BlockStream::start_load(std::size_t index) {
   auto source_ptr = source_;
   auto plan_ptr = plan_;
   auto by_key = samples_;
+  auto buffers = file_buffers_;
   // Items: one per key (its factor and label files), and the block's sample order. The job writes into the
   // Block's arrays through plain pointers: a finished job's function may live on a moment in a pool thread,
   // and must not keep the block's memory (nor its count) alive. The Block outlives the job: close() waits for
@@ -143,22 +158,22 @@ void BlockStream::start_load(std::size_t index) {
   auto keys_left = std::make_shared<std::atomic<std::size_t>>(keys);
   // On the pool for device waits, not the gathers' pool: its workers would all wait in these reads (a block
   // takes seconds) while the gathers of the block being consumed queue behind them.
-  auto job =
-      shared_io_pool(0, source.options().placement)
-          .start(keys + 1, std::max<std::size_t>(source.options().threads, 4),
-                 [source_ptr, plan_ptr, by_key, out, order, index, keys, stats = stats_, keys_left](std::size_t item) {
-                   if (item == keys) {
-                     *order = block_samples(*plan_ptr, *by_key, index);
-                     return;
-                   }
-                   const std::uint64_t started = PipelineStats::now_ns();
-                   const std::uint32_t key = plan_ptr->keys[plan_ptr->key_begin[index] + item];
-                   std::uint64_t factor_bytes = 0, label_bytes = 0;
-                   out->factors[key] = read_block_array(*source_ptr, key, false, &factor_bytes);
-                   out->labels[key] = read_block_array(*source_ptr, key, true, &label_bytes);
-                   const std::uint64_t bytes = factor_bytes + label_bytes;
-                   stats->block_read(bytes, PipelineStats::now_ns() - started, keys_left->fetch_sub(1) == 1);
-                 });
+  auto job = shared_io_pool(0, source.options().placement)
+                 .start(keys + 1, std::max<std::size_t>(source.options().threads, 4),
+                        [source_ptr, plan_ptr, by_key, buffers, out, order, index, keys, stats = stats_,
+                         keys_left](std::size_t item) {
+                          if (item == keys) {
+                            *order = block_samples(*plan_ptr, *by_key, index);
+                            return;
+                          }
+                          const std::uint64_t started = PipelineStats::now_ns();
+                          const std::uint32_t key = plan_ptr->keys[plan_ptr->key_begin[index] + item];
+                          std::uint64_t factor_bytes = 0, label_bytes = 0;
+                          out->factors[key] = read_block_array(*source_ptr, key, false, &factor_bytes, buffers);
+                          out->labels[key] = read_block_array(*source_ptr, key, true, &label_bytes, buffers);
+                          const std::uint64_t bytes = factor_bytes + label_bytes;
+                          stats->block_read(bytes, PipelineStats::now_ns() - started, keys_left->fetch_sub(1) == 1);
+                        });
   blocks_.push_back({index, std::move(arrays), std::move(samples), std::move(job)});
 }
 

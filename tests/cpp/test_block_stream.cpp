@@ -58,10 +58,24 @@ void check_stream(const std::shared_ptr<WindowSource>& source, std::uint64_t bud
   const auto order = block_epoch_order(*source, budget, 3, 1, shards, shard);
   BlockStream stream = make_stream(source, budget, 3, 1, shards, shard, batch, false, 2, start_batch);
   CHECK_EQ(stream.num_batches(), (order.size() + batch - 1) / batch);
+  // Each block holds at most budget / 2 (every key fits): the budget holds two at once; a batch that spans
+  // more blocks than that holds those (and only those).
+  const BlockPlan& plan = stream.plan();
+  std::uint64_t bound = budget;
+  for (std::size_t b = start_batch; b < stream.num_batches(); ++b) {
+    const std::uint64_t first = plan.first + b * batch;
+    const std::uint64_t last = std::min<std::uint64_t>(first + batch, plan.end) - 1;
+    std::uint64_t bytes = 0;
+    for (std::size_t k = plan.block_of(first); k <= plan.block_of(last); ++k) bytes += plan.block_bytes[k];
+    bound = std::max(bound, bytes);
+  }
   std::size_t at = start_batch * batch;
   for (std::size_t b = start_batch; b < stream.num_batches(); ++b) {
     REQUIRE(stream.next_job() != nullptr);
     WindowBatch got = stream.take();
+    // Buffers kept for the next blocks' reads stay within the budget beside the blocks held (with the
+    // allowance of 8 KiB a file, for its header and O_DIRECT alignment).
+    CHECK(stream.buffered_bytes() + stream.kept_file_bytes() <= bound + 2 * kKeys * 8192);
     const std::size_t count = std::min(batch, order.size() - at);
     REQUIRE(got.count == count);
     std::vector<std::int64_t> ids(order.begin() + static_cast<std::ptrdiff_t>(at),
@@ -75,17 +89,6 @@ void check_stream(const std::shared_ptr<WindowSource>& source, std::uint64_t bud
   CHECK(stream.next_job() == nullptr);
   CHECK_EQ(stream.take().count, 0u);
   if (source->reads_files()) {
-    // Each block holds at most budget / 2 (every key fits): the budget holds two at once; a batch that spans
-    // more blocks than that holds those (and only those).
-    const BlockPlan& plan = stream.plan();
-    std::uint64_t bound = budget;
-    for (std::size_t b = start_batch; b < stream.num_batches(); ++b) {
-      const std::uint64_t first = plan.first + b * batch;
-      const std::uint64_t last = std::min<std::uint64_t>(first + batch, plan.end) - 1;
-      std::uint64_t bytes = 0;
-      for (std::size_t k = plan.block_of(first); k <= plan.block_of(last); ++k) bytes += plan.block_bytes[k];
-      bound = std::max(bound, bytes);
-    }
     CHECK(stream.peak_buffered_bytes() <= bound);
     CHECK(stream.peak_buffered_bytes() > 0 || start_batch == stream.num_batches());
   }
@@ -107,6 +110,26 @@ TEST_CASE("block stream: batches equal a gather of the planned ids, every mode, 
       check_stream(source, budget, 1, 0, 64, 2);
       check_stream(source, budget, 2, 0, 1000, 0);  // a batch across every block
     }
+  }
+}
+
+TEST_CASE("block stream: the files of a block let go are read into again, within the budget") {
+  TempDir dir;
+  const Files files = write_files(dir);
+  const std::uint64_t key_file = kFactorBytes + 128 + kRows * 4 + 128;
+  for (ReadMode mode : {ReadMode::kMmap, ReadMode::kRead, ReadMode::kDirect}) {
+    auto source = open_source(files, mode);
+    // Blocks of one key (two at once): from the third block on, a read finds the buffers of a block let go.
+    BlockStream stream = make_stream(source, 2 * key_file, 3, 1, 1, 0, 7, false, 2, 0);
+    std::size_t batches = 0;
+    while (stream.next_job() != nullptr) {
+      batches += stream.take().count > 0;
+      CHECK(stream.buffered_bytes() + stream.kept_file_bytes() <= 2 * key_file + 2 * kKeys * 8192);
+    }
+    CHECK_EQ(batches, stream.num_batches());
+    CHECK(stream.plan().block_bytes.size() >= 4);
+    CHECK(stream.reused_file_buffers() >= 2);  // a factor and a label file, at least once
+    stream.close();
   }
 }
 

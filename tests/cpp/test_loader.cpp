@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -386,6 +387,36 @@ TEST_CASE("MappedFile and AlignedBuffer") {
   CHECK(c->data() != b->data());
   pool.reset();  // buffers still held outlive their pool
   std::memset(c->data(), 2, c->size());
+}
+
+TEST_CASE("BufferPool: keeps only what its room allows, and lets the oldest go at a miss") {
+  std::uint64_t room = 3 * 4096;
+  std::size_t asked_for = 0;
+  auto pool = std::make_shared<BufferPool>(SIZE_MAX, [&](std::size_t buffers) {
+    asked_for = buffers;
+    return room;
+  });
+  auto a = pool->acquire(4096);
+  auto b = pool->acquire(4096);
+  auto c = pool->acquire(8192);
+  a.reset();
+  b.reset();
+  CHECK_EQ(asked_for, 2u);  // the buffers kept if this one is
+  c.reset();                // 16 KiB would be over the room: freed
+  CHECK_EQ(pool->kept_bytes(), 2 * 4096u);
+  auto d = pool->acquire(4096);
+  CHECK_EQ(pool->reused(), 1u);
+  CHECK_EQ(pool->kept_bytes(), 4096u);
+  room = 0;  // a miss now lets every kept buffer go
+  auto e = pool->acquire(8192);
+  CHECK_EQ(pool->kept_bytes(), 0u);
+  CHECK_EQ(pool->reused(), 1u);
+  room = 1 << 20;
+  d.reset();
+  auto g = pool->acquire(4096, 1 << 16);  // d, kept, is not aligned enough: a new buffer
+  CHECK(reinterpret_cast<std::uintptr_t>(g->data()) % (1 << 16) == 0);
+  CHECK_EQ(pool->reused(), 1u);
+  CHECK_EQ(pool->kept_bytes(), 4096u);
 }
 
 TEST_CASE("read_header and parse_read_mode") {
