@@ -249,9 +249,9 @@ def _pipeline_options() -> tf.data.Options:
     """The options of every pipeline: symbolic checkpoints, and no autotuning model.
 
     With autotuning on (tf.data's default), each iterator runs a model thread that wakes at periods doubling from
-    10 ms to a minute, and deleting the iterator waits for the end of the current period (TensorFlow 2.15 to 2.21:
-    measured, a ``model.fit`` of 1500 steps that ended after 4.3 s returned at 5.11 s, the sum of the periods from
-    10 ms to 2.56 s, in 4 of 10 calls; a longer one at 10.23 s). Keras deletes its iterator at the end of every
+    10 ms to a minute, and deleting the iterator waits for the end of the current period (TensorFlow 2.15 and 2.21;
+    measured in docs/tensorflow.md, "No autotuning thread": a ``fit`` whose last step ended 4.3 s in returned at
+    5.11 s, the sum of the periods from 10 ms to 2.56 s). Keras deletes its iterator at the end of every
     ``fit``/``evaluate``/``predict``, so each call lost up to a period. These pipelines have nothing to tune (the
     stream reads ahead by itself); a ``prefetch(AUTOTUNE)`` still sizes its buffer by itself, and a parallel map
     appended with ``AUTOTUNE`` runs at the runner's parallelism (``options.autotune.enabled = True`` turns the
