@@ -41,7 +41,8 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
   /// Keeps at most `max_kept` free buffers and, with `room`, at most room(n) bytes of them when n are kept
   /// (asked as each buffer comes back and at each miss: e.g. what a memory budget leaves beside the memory in
-  /// use, with an allowance per buffer).
+  /// use, with an allowance per buffer). `room` is called with the pool's lock held: it must be cheap and must
+  /// not call into the pool (read atomics, take no lock the pool's users may hold).
   explicit BufferPool(std::size_t max_kept, std::function<std::uint64_t(std::size_t buffers)> room = {})
       : max_kept_(max_kept), room_(std::move(room)) {}
   /// A buffer of exactly `size` bytes aligned to at least `alignment`: a free one, else a new one (the oldest

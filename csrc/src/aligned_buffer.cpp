@@ -56,12 +56,6 @@ AlignedBuffer::~AlignedBuffer() {
 std::shared_ptr<AlignedBuffer> BufferPool::acquire(std::size_t size, std::size_t alignment) {
   std::unique_ptr<AlignedBuffer> buffer;
   std::vector<std::unique_ptr<AlignedBuffer>> dropped;  // freed outside the lock
-  std::size_t kept;
-  {
-    std::lock_guard lock(mutex_);
-    kept = free_.size();
-  }
-  const std::uint64_t limit = room(kept);  // outside the lock: room() may take locks of its own
   {
     std::lock_guard lock(mutex_);
     for (auto it = free_.begin(); it != free_.end(); ++it) {
@@ -74,6 +68,7 @@ std::shared_ptr<AlignedBuffer> BufferPool::acquire(std::size_t size, std::size_t
       }
     }
     if (!buffer) {  // a miss: what is kept must leave room for the new buffer
+      const std::uint64_t limit = room(free_.size());
       std::size_t drop = 0;
       while (drop < free_.size() && kept_bytes_ > limit) kept_bytes_ -= free_[drop++]->size();
       dropped.assign(std::make_move_iterator(free_.begin()), std::make_move_iterator(free_.begin() + drop));
@@ -94,13 +89,8 @@ std::shared_ptr<AlignedBuffer> BufferPool::acquire(std::size_t size, std::size_t
 
 void BufferPool::give_back(AlignedBuffer* buffer) {
   std::unique_ptr<AlignedBuffer> owned(buffer);  // freed on return (outside the lock) unless kept
-  std::size_t kept;
-  {
-    std::lock_guard lock(mutex_);
-    kept = free_.size();
-  }
-  const std::uint64_t limit = room(kept + 1);
   std::lock_guard lock(mutex_);
+  const std::uint64_t limit = room(free_.size() + 1);
   if (free_.size() < max_kept_ && kept_bytes_ + owned->size() <= limit) {
     kept_bytes_ += owned->size();
     free_.push_back(std::move(owned));
