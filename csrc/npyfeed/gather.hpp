@@ -84,8 +84,13 @@ class Gather {
  public:
   Gather(const GatherInput& input, std::vector<std::int64_t> ids, std::byte* x, std::byte* y);
   std::size_t keys() const noexcept { return key_begin_.size() - 1; }
-  /// On a cold page cache, asks the kernel to read every window of the batch ahead (see gather.cpp).
-  void hint_will_need() const;
+  /// True when a few residency probes find windows of the batch outside the page cache (gather.cpp); readers
+  /// that bypass the cache or hold their data in memory always look cached.
+  bool looks_cold() const;
+  /// Asks the kernel to read every window of the batch ahead (ArrayReader::will_need). Submitting them blocks
+  /// while the device's queue is full, as long as the reads ahead of them take: call it off the consumer's
+  /// thread. Reads the batch's samples and the source's readers: keep both alive meanwhile.
+  void will_need_all() const;
   /// Gathers the samples of the `group`-th key of the batch. Throws what its readers throw.
   void run_key(std::size_t group) const { run_keys(group, group + 1); }
   /// Gathers the samples of keys [first, last) of the batch, their queued reads in flight together: in waves
@@ -101,6 +106,9 @@ class Gather {
                                    std::vector<const std::byte*>& staged) const;
   void gather_factors(std::size_t begin, std::vector<std::byte>& scratch, const std::vector<Run>& runs,
                       const std::vector<const std::byte*>& staged) const;
+  // Data bytes of the factor window of the sample at batch position `pos`; false when it has none to hint
+  // (empty, or a Fortran-order array).
+  bool window_bytes(std::size_t pos, std::uint64_t& offset, std::uint64_t& length) const;
   const Sample& sample_at(std::uint32_t pos) const { return (*in_.samples)[static_cast<std::size_t>(ids_[pos])]; }
   void gather_labels(std::size_t begin, std::size_t end, std::vector<std::byte>& scratch) const;
   void convert_rows(const RowTransform& t, const std::byte* src, const ScalarType& type, std::uint64_t rows,

@@ -60,6 +60,8 @@ class Job {
   std::mutex mutex_;
   std::condition_variable finished_;
   std::size_t runners_left_ = 0;
+  std::size_t runners_ = 0;  // workers it asked for (prepare), handed to them at launch
+  std::atomic<bool> launched_{false};
   std::exception_ptr error_;
 };
 
@@ -77,6 +79,10 @@ class ThreadPool {
   void ensure_size(std::size_t threads);
   /// Starts fn(0..count-1) on at most `max_workers` workers and returns at once.
   std::shared_ptr<Job> start(std::size_t count, std::size_t max_workers, std::function<void(std::size_t)> fn);
+  /// Like start(), but the workers take the job only at launch(job), which must then be called exactly once
+  /// (a wait before it waits for it; a job cancelled before it finishes at once when launched).
+  std::shared_ptr<Job> prepare(std::size_t count, std::size_t max_workers, std::function<void(std::size_t)> fn);
+  void launch(const std::shared_ptr<Job>& job);
   /// start() then wait().
   void run(std::size_t count, std::size_t max_workers, std::function<void(std::size_t)> fn);
 

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -144,6 +145,8 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   ArraySource open_file(const std::string& path, bool label) const;
   void apply_bounds();                    // the index pass of finish_open (samples from an index)
   void start_populate(ThreadPool& pool);  // once, at the first gather: see window_source.cpp
+  // Launches a cold batch's prepared gather once its read-ahead hints are in, off the caller's thread.
+  void launch_after_will_need(ThreadPool& pool, std::shared_ptr<Job> job, std::shared_ptr<const Gather> gather);
   std::uint64_t index_position(std::size_t sample) const;
   std::shared_ptr<ArrayReader> open_npz(const std::string& path) const;
 
@@ -168,11 +171,19 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::shared_ptr<MappingCache> mappings_;  // mmap with more files than the mapping budget, else null
   std::size_t gather_workers_ = 1;  // threads x the reads in flight any reader asks for, within the descriptor budget
   std::size_t keys_per_item_ = 1;   // keys per gather work item: twice the readers' queue depth, else 1
+  bool queued_reads_ = false;       // some reader queues its reads (ArrayReader::queue_depth)
   mutable std::atomic<std::uint64_t> npz_memory_{0};  // bytes of .npz members held in memory
   bool reads_files_ = false;
   bool populate_ = false;  // mmap, a mapping per file, NPYFEED_POPULATE not "0"
   std::atomic<bool> populate_started_{false};
   std::shared_ptr<std::atomic<bool>> populate_stop_ = std::make_shared<std::atomic<bool>>(false);
+  struct WillNeedQueue {  // cold batches' hints waiting for the one drainer (launch_after_will_need)
+    std::mutex mutex;
+    std::deque<std::function<void()>> queue;
+    bool draining = false;
+    int pid = 0;  // of the process whose pool runs the drainer
+  };
+  std::shared_ptr<WillNeedQueue> hints_ = std::make_shared<WillNeedQueue>();
   std::vector<std::uint8_t> in_archive_;  // per key: bit 0 factor, bit 1 label opened as a member of a .npz
   std::shared_ptr<PipelineStats> stats_ = std::make_shared<PipelineStats>();
 };

@@ -166,38 +166,42 @@ Gather::Gather(const GatherInput& input, std::vector<std::int64_t> ids, std::byt
 
 // On a cold cache, tells the kernel about every window of the batch before the workers touch them: it then
 // reads them all concurrently (a deep device queue) instead of one page fault or pread at a time per worker.
-// A few residency probes first, so a warm cache pays almost nothing (a hint costs ~10 us per window even
-// when everything is cached). Readers that bypass the page cache, or hold the data in memory, report
-// everything cached and take no hints.
-void Gather::hint_will_need() const {
-  auto window_bytes = [&](const Sample& s, std::uint64_t& offset, std::uint64_t& length) {
-    const ArraySource& factor = (*in_.factors)[s.key];
-    if (transposed(factor.header())) return false;
-    const std::uint64_t row_bytes = factor.row_elems() * factor.header().itemsize;
-    const std::int64_t rows = factor.rows();
-    const auto first =
-        static_cast<std::int64_t>(std::clamp<__int128>(static_cast<__int128>(s.feature) - in_.window + 1, 0, rows));
-    const auto end = static_cast<std::int64_t>(std::clamp<__int128>(static_cast<__int128>(s.feature) + 1, 0, rows));
-    if (end <= first || row_bytes == 0) return false;
-    offset = static_cast<std::uint64_t>(first) * row_bytes;
-    length = static_cast<std::uint64_t>(end - first) * row_bytes;
-    return true;
-  };
+// A few residency probes first (looks_cold), so a warm cache pays almost nothing (a hint costs ~10 us per
+// window even when everything is cached). Readers that bypass the page cache, or hold the data in memory,
+// report everything cached and take no hints.
+bool Gather::window_bytes(std::size_t pos, std::uint64_t& offset, std::uint64_t& length) const {
+  const Sample& s = (*in_.samples)[static_cast<std::size_t>(ids_[pos])];
+  const ArraySource& factor = (*in_.factors)[s.key];
+  if (transposed(factor.header())) return false;
+  const std::uint64_t row_bytes = factor.row_elems() * factor.header().itemsize;
+  const std::int64_t rows = factor.rows();
+  const auto first =
+      static_cast<std::int64_t>(std::clamp<__int128>(static_cast<__int128>(s.feature) - in_.window + 1, 0, rows));
+  const auto end = static_cast<std::int64_t>(std::clamp<__int128>(static_cast<__int128>(s.feature) + 1, 0, rows));
+  if (end <= first || row_bytes == 0) return false;
+  offset = static_cast<std::uint64_t>(first) * row_bytes;
+  length = static_cast<std::uint64_t>(end - first) * row_bytes;
+  return true;
+}
+
+bool Gather::looks_cold() const {
   constexpr std::size_t kProbes = 8;
-  bool cold = false;
   const std::size_t n = ids_.size();
-  for (std::size_t p = 0; p < kProbes && p < n && !cold; ++p) {
-    const Sample& s = (*in_.samples)[static_cast<std::size_t>(ids_[p * n / std::min(n, kProbes)])];
+  for (std::size_t p = 0; p < kProbes && p < n; ++p) {
+    const std::size_t pos = p * n / std::min(n, kProbes);
     std::uint64_t offset, length;
-    if (!window_bytes(s, offset, length)) continue;
-    const ArrayReader& reader = *(*in_.factors)[s.key].reader;
-    cold = !reader.probably_cached(offset) || !reader.probably_cached(offset + length - 1);
+    if (!window_bytes(pos, offset, length)) continue;
+    const ArrayReader& reader = *(*in_.factors)[(*in_.samples)[static_cast<std::size_t>(ids_[pos])].key].reader;
+    if (!reader.probably_cached(offset) || !reader.probably_cached(offset + length - 1)) return true;
   }
-  if (!cold) return;
-  for (std::int64_t id : ids_) {
-    const Sample& s = (*in_.samples)[static_cast<std::size_t>(id)];
+  return false;
+}
+
+void Gather::will_need_all() const {
+  for (std::size_t pos = 0; pos < ids_.size(); ++pos) {
     std::uint64_t offset, length;
-    if (window_bytes(s, offset, length)) (*in_.factors)[s.key].reader->will_need(offset, length);
+    if (!window_bytes(pos, offset, length)) continue;
+    (*in_.factors)[(*in_.samples)[static_cast<std::size_t>(ids_[pos])].key].reader->will_need(offset, length);
   }
 }
 

@@ -127,21 +127,31 @@ void ThreadPool::worker_loop() {
   }
 }
 
-std::shared_ptr<Job> ThreadPool::start(std::size_t count, std::size_t max_workers,
-                                       std::function<void(std::size_t)> fn) {
+std::shared_ptr<Job> ThreadPool::prepare(std::size_t count, std::size_t max_workers,
+                                         std::function<void(std::size_t)> fn) {
   auto job = std::make_shared<Job>(count, std::move(fn));
-  std::size_t runners = std::min(count, std::max<std::size_t>(max_workers, 1));
+  const std::size_t runners = std::min(count, std::max<std::size_t>(max_workers, 1));
   if (runners == 0) return job;  // nothing to do: already finished
   ensure_size(runners);
-  {
-    std::lock_guard job_lock(job->mutex_);
-    job->runners_left_ = runners;
-  }
+  std::lock_guard job_lock(job->mutex_);
+  job->runners_left_ = runners;
+  job->runners_ = runners;
+  return job;
+}
+
+void ThreadPool::launch(const std::shared_ptr<Job>& job) {
+  if (job->launched_.exchange(true)) return;  // once: its runners count down runners_left_ exactly once each
   {
     std::lock_guard lock(mutex_);
-    for (std::size_t r = 0; r < runners; ++r) runners_.push_back(job);
+    for (std::size_t r = 0; r < job->runners_; ++r) runners_.push_back(job);
   }
-  wake_.notify_all();
+  if (job->runners_ > 0) wake_.notify_all();
+}
+
+std::shared_ptr<Job> ThreadPool::start(std::size_t count, std::size_t max_workers,
+                                       std::function<void(std::size_t)> fn) {
+  auto job = prepare(count, max_workers, std::move(fn));
+  launch(job);
   return job;
 }
 

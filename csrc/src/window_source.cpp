@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <string_view>
 
@@ -275,6 +276,7 @@ void WindowSource::finish_open() {
   // Readers that queue their reads keep them in flight from one worker per thread (a work item of that many
   // keys); the others get their reads in flight from more workers, each blocking in its read.
   keys_per_item_ = std::max<std::size_t>(2 * queue_depth, 1);
+  queued_reads_ = queue_depth > 0;
   populate_ = reads_files_ && options_.mode == ReadMode::kMmap && !mappings_ && populate_enabled();
   gather_workers_ = (queue_depth > 0 ? 1 : reads_in_flight) * options_.threads;
   if (!keep_fds_) {
@@ -447,7 +449,6 @@ std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<st
     input.labels = &arrays->labels;
   }
   auto gather = std::make_shared<Gather>(input, std::move(sample_ids), x, y);
-  gather->hint_will_need();
   auto self = shared_from_this();  // the gather reads this source's arrays: keep them alive while it runs
   // Arrays in memory need no reads in flight (nor descriptors): one worker per thread.
   const std::size_t workers = arrays != nullptr ? options_.threads : gather_workers_;
@@ -457,11 +458,95 @@ std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<st
   gather->set_keys_per_wave(std::max<std::size_t>(per_item / 4, 1));
   const std::size_t keys = gather->keys();
   auto job =
-      pool.start((keys + per_item - 1) / per_item, workers, [self, samples, gather, per_item, keys](std::size_t i) {
+      pool.prepare((keys + per_item - 1) / per_item, workers, [self, samples, gather, per_item, keys](std::size_t i) {
         gather->run_keys(i * per_item, std::min(keys, (i + 1) * per_item));
       });
+  if (arrays == nullptr && gather->looks_cold()) {
+    // Readers that queue their reads keep the device busy by themselves: their gather starts at once.
+    if (queued_reads_) pool.launch(job);
+    launch_after_will_need(pool, job, gather);
+  } else {
+    pool.launch(job);
+  }
   if (arrays == nullptr && populate_ && !populate_started_.exchange(true)) start_populate(pool);
   return job;
+}
+
+namespace {
+
+// Launches a prepared job when destroyed, unless orphaned by fork(): whatever happens to a queued hint (run,
+// skipped, dropped), its gather starts exactly once.
+struct LaunchOnExit {
+  LaunchOnExit(ThreadPool* pool, std::shared_ptr<Job> job) : pool_(pool), job_(std::move(job)) {}
+  LaunchOnExit(const LaunchOnExit&) = delete;  // one owner: the job is launched once
+  LaunchOnExit& operator=(const LaunchOnExit&) = delete;
+  ~LaunchOnExit() {
+    if (!job_->orphaned()) pool_->launch(job_);
+  }
+  Job& job() const { return *job_; }
+
+ private:
+  ThreadPool* pool_;
+  std::shared_ptr<Job> job_;
+};
+
+}  // namespace
+
+// On a cold cache a batch's windows are asked for ahead (Gather::will_need_all) before its workers touch them,
+// so that the device reads them all at once. Submitting them waits while the device's queue is full, as long
+// as the reads ahead take: in the thread that starts the batch (the consumer's, as it takes the batch
+// before) that stalled the training step 2-3 ms per batch (measured), and the first batch of an epoch waited
+// until the hints of every batch read ahead were in. So one pool worker for device waits submits them, in
+// batch order (a drainer per source), and launches each batch's gather once its hints are in: its workers
+// never fault or read a window before the hint for it (readers that queue their reads start at once: the hints
+// then serve the batches after). Advisory: a hint that fails is skipped, and the gather starts all the same
+// (LaunchOnExit; a second launch of a job does nothing).
+void WindowSource::launch_after_will_need(ThreadPool& pool, std::shared_ptr<Job> job,
+                                          std::shared_ptr<const Gather> gather) {
+  auto launch = std::make_shared<LaunchOnExit>(&pool, std::move(job));
+  auto hint = [launch, gather = std::move(gather)] {
+    Job& job = launch->job();  // a cancelled or finished (launched already) batch needs no hint
+    if (!job.cancelled() && !job.wait_for(std::chrono::milliseconds(0))) gather->will_need_all();
+  };  // the gather starts when the last copy of `launch` goes, once the hint ran or was dropped
+  {
+    std::lock_guard lock(hints_->mutex);
+    if (hints_->pid != ::getpid()) {  // a forked child: the parent's drainer does not exist here
+      hints_->queue.clear();
+      hints_->draining = false;
+      hints_->pid = ::getpid();
+    }
+    hints_->queue.push_back(std::move(hint));
+    if (hints_->draining) return;
+    hints_->draining = true;
+  }
+  try {
+    shared_io_pool(0, options_.placement).start(1, 1, [hints = hints_](std::size_t) {
+      for (;;) {
+        std::function<void()> next;
+        {
+          std::lock_guard lock(hints->mutex);
+          if (hints->queue.empty()) {
+            hints->draining = false;
+            return;
+          }
+          next = std::move(hints->queue.front());
+          hints->queue.pop_front();
+        }
+        try {
+          next();
+        } catch (...) {  // advisory (e.g. bad_alloc): the batch reads its windows all the same
+        }
+        next = nullptr;  // launches the batch's gather
+      }
+    });
+  } catch (...) {  // no thread for it: no hints, and every queued gather starts now (outside the lock)
+    std::deque<std::function<void()>> dropped;
+    {
+      std::lock_guard lock(hints_->mutex);
+      dropped.swap(hints_->queue);
+      hints_->draining = false;
+    }
+  }
 }
 
 // A first pass over mapped files pays a minor page fault per few pages it touches, even when every page is

@@ -191,6 +191,45 @@ TEST_CASE("wait_for reports whether the job finished") {
   CHECK_THROWS(std::runtime_error, failing->rethrow_if_failed());
 }
 
+TEST_CASE("a prepared job runs nothing until launched, then every item once; a second launch does nothing") {
+  ThreadPool pool(2);
+  std::atomic<int> calls{0};
+  auto job = pool.prepare(8, 2, [&](std::size_t) { calls.fetch_add(1); });
+  // Nothing is handed to the workers: a job that would finish in microseconds is still not done.
+  for (int i = 0; i < 20; ++i) {
+    CHECK(!job->wait_for(1ms));
+    CHECK_EQ(calls.load(), 0);
+  }
+  pool.launch(job);
+  pool.launch(job);           // once only: a second would hand out runners again and never see the job finish
+  CHECK(job->wait_for(60s));  // (a minute: only a broken launch comes near it)
+  CHECK_EQ(calls.load(), 8);
+  CHECK_EQ(job->items_done(), 8u);
+  // The workers are all free again: a job that needs both finishes.
+  Gate gate;
+  auto both = pool.start(2, 2, [&](std::size_t) { gate.arrive_and_wait(); });
+  gate.wait_for_arrivals(2);
+  gate.open();
+  both->wait();
+}
+
+TEST_CASE("a prepared job cancelled before its launch finishes at launch without running an item") {
+  ThreadPool pool(2);
+  std::atomic<int> calls{0};
+  auto job = pool.prepare(4, 2, [&](std::size_t) { calls.fetch_add(1); });
+  job->cancel();
+  CHECK(!job->wait_for(0ms));  // its runners have not been handed out yet
+  pool.launch(job);
+  while (!job->wait_for(10min)) {
+  }
+  CHECK_EQ(calls.load(), 0);
+  CHECK_THROWS(Cancelled, job->rethrow_if_failed());
+  auto empty = pool.prepare(0, 2, [&](std::size_t) { calls.fetch_add(1); });
+  CHECK(empty->wait_for(0ms));  // 0 items: finished before any launch
+  pool.launch(empty);
+  CHECK_EQ(calls.load(), 0);
+}
+
 TEST_CASE("progress counters") {
   ThreadPool pool(4);
   std::shared_ptr<Job> job;

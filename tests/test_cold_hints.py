@@ -1,0 +1,74 @@
+"""Batches from a cold page cache: a cold batch's read-ahead hints are submitted off the consumer's thread, and
+(where reads are not queued) the batch's gather starts once they are in. Batches are the same as np.load's in
+every mode, with io_uring and without, with the epoch run to its end or closed while hints are still queued.
+
+Proven cold with mincore (npyfeed.warm(check=True)); where the files cannot be evicted (e.g. tmpfs), skipped.
+The launch-once and launch-after-cancel rules of prepared jobs are in tests/cpp/test_thread_pool.cpp.
+"""
+
+from __future__ import annotations
+
+import npyfeed
+import numpy as np
+import pytest
+from npyfeed import _measure
+from windows_data import check_epoch, open_source, write_dataset
+
+ROWS, COLS, WINDOW = 4_000, 64, 8  # 1 MB factor files: each batch's windows lie far apart
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    rng = np.random.default_rng(11)
+    keys = [f"k{i:02d}" for i in range(12)]
+    factors = {k: rng.standard_normal((ROWS, COLS), dtype=np.float32) for k in keys}
+    labels = {k: rng.standard_normal((ROWS, 3), dtype=np.float32) for k in keys}
+    # Windows spread over each file (and a few at its edges), so that most batches read what none before did.
+    entries = [(int(f), int(rng.integers(0, ROWS)), k) for k in keys
+               for f in list(rng.integers(WINDOW - 1, ROWS, 38)) + [WINDOW - 1, ROWS - 1]]
+    entries = [entries[i] for i in rng.permutation(len(entries))]
+    return write_dataset(tmp_path_factory.mktemp("cold"), factors, labels, entries, WINDOW)
+
+
+def data_files(ds):
+    return [str(p) for p in sorted(ds.factor_dir.glob("*.npy")) + sorted(ds.label_dir.glob("*.npy"))]
+
+
+def make_cold(ds) -> None:
+    files = data_files(ds)
+    _measure.evict(files)
+    report = npyfeed.warm(files, check=True, lock=False)
+    if report.resident_after > report.bytes // 10:
+        pytest.skip(f"this filesystem keeps the files cached ({report.resident_after} of {report.bytes} bytes)")
+
+
+@pytest.mark.parametrize("io_uring", ["1", "0"])
+@pytest.mark.parametrize("mode", ["mmap", "read", "direct"])
+def test_cold_epochs_equal_numpy(dataset, mode, io_uring, monkeypatch):
+    monkeypatch.setenv("NPYFEED_IO_URING", io_uring)  # read when the source is opened
+    make_cold(dataset)
+    src = open_source(dataset, mode)
+    assert check_epoch(src, dataset, np.float32, 32, shuffle=True, prefetch=3) > 0
+    # Another epoch, cold again (a source's mappings keep their pages cached: a new source), read ahead
+    # deeper than it is long at first.
+    del src
+    make_cold(dataset)
+    src = open_source(dataset, mode)
+    assert check_epoch(src, dataset, np.float32, 16, shuffle=True, seed=5, epoch=1, prefetch=8) > 0
+
+
+@pytest.mark.parametrize("mode", ["mmap", "read"])
+def test_closing_while_cold_hints_are_queued(dataset, mode):
+    """Batches read ahead, their hints not yet in, then the iterator is closed: it returns, and an epoch of a
+    source that closed one so has the right batches."""
+    for _ in range(3):
+        make_cold(dataset)
+        src = open_source(dataset, mode)
+        with src.batches(8, shuffle=True, prefetch=8) as it:
+            next(it)
+        del it, src
+    make_cold(dataset)
+    src = open_source(dataset, mode)
+    with src.batches(8, shuffle=True, prefetch=8) as it:
+        next(it)
+    assert check_epoch(src, dataset, np.float32, 64, shuffle=True, epoch=2) > 0
