@@ -5,6 +5,7 @@ blocking, `max_header_size`, and the O_DIRECT fallback's warning. The gather its
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import subprocess
 import sys
@@ -382,6 +383,12 @@ def test_reads_fall_back_to_pread_when_no_mapping_can_be_made(tmp_path, monkeypa
     limit = int(Path("/proc/sys/vm/max_map_count").read_text())
     if limit > 200_000:
         pytest.skip("vm.max_map_count is raised on this machine")
+    # What the gather itself maps (pool threads' stacks, their malloc arenas) is made first, by a source dropped
+    # with its mappings: the gather below then needs few mappings of its own beside the ones it is refused.
+    warm_up = open_source(tmp_path, "mmap", cache=False)
+    warm_up.get(np.arange(len(warm_up)))
+    del warm_up
+    gc.collect()
     held = []
     try:
         try:
