@@ -170,7 +170,7 @@ Gather::Gather(const GatherInput& input, std::vector<std::int64_t> ids, std::byt
 // window even when everything is cached). Readers that bypass the page cache, or hold the data in memory,
 // report everything cached and take no hints.
 bool Gather::window_bytes(std::size_t pos, std::uint64_t& offset, std::uint64_t& length) const {
-  const Sample& s = (*in_.samples)[static_cast<std::size_t>(ids_[pos])];
+  const Sample& s = sample_at(static_cast<std::uint32_t>(pos));
   const ArraySource& factor = (*in_.factors)[s.key];
   if (transposed(factor.header())) return false;
   const std::uint64_t row_bytes = factor.row_elems() * factor.header().itemsize;
@@ -191,7 +191,7 @@ bool Gather::looks_cold() const {
     const std::size_t pos = p * n / std::min(n, kProbes);
     std::uint64_t offset, length;
     if (!window_bytes(pos, offset, length)) continue;
-    const ArrayReader& reader = *(*in_.factors)[(*in_.samples)[static_cast<std::size_t>(ids_[pos])].key].reader;
+    const ArrayReader& reader = *(*in_.factors)[sample_at(static_cast<std::uint32_t>(pos)).key].reader;
     if (!reader.probably_cached(offset) || !reader.probably_cached(offset + length - 1)) return true;
   }
   return false;
@@ -201,7 +201,7 @@ void Gather::will_need_all() const {
   for (std::size_t pos = 0; pos < ids_.size(); ++pos) {
     std::uint64_t offset, length;
     if (!window_bytes(pos, offset, length)) continue;
-    (*in_.factors)[(*in_.samples)[static_cast<std::size_t>(ids_[pos])].key].reader->will_need(offset, length);
+    (*in_.factors)[sample_at(static_cast<std::uint32_t>(pos)).key].reader->will_need(offset, length);
   }
 }
 
