@@ -72,7 +72,8 @@ def test_runnable_block_runs_as_shown(block, tmp_path):
     missing = _missing_framework(block.code)
     if missing:
         pytest.skip(missing)
-    env = dict(os.environ, NPYFEED_CACHE_DIR=str(tmp_path / "cache"))  # the index cache and warm's lock file
+    # The index cache, warm's lock file and the prelude's data set (tempfile) all live in the test's own folder.
+    env = dict(os.environ, NPYFEED_CACHE_DIR=str(tmp_path / "cache"), TMPDIR=str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", PRELUDE + block.code], capture_output=True, text=True,
                           timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, f"{block.id}\n{proc.stdout}{proc.stderr[-4000:]}"
