@@ -2,6 +2,9 @@
 // allows vm.max_map_count mappings per process, 65,530 by default; one per file would refuse a data set of
 // 33,000 keys). Files are mapped when first read and unmapped least recently used first; a mapping in use
 // (a reader holds it) stays valid after it leaves the cache and is unmapped when its last holder lets go.
+// Where the kernel refuses a mapping all the same (others in the process took what was left), the cache gives
+// back half of what it keeps and keeps no more from then on: the rest of the process (malloc, threads' stacks)
+// needs mappings too, and the refused reads go through pread.
 #pragma once
 
 #include <cstddef>
@@ -26,9 +29,11 @@ class MappingCache {
   /// Keeps at most `capacity` (at least 1) mappings.
   explicit MappingCache(std::size_t capacity);
   /// The mapping of `path`, mapping it now if it is not kept (and checking it is still the file of
-  /// `identity`). Throws OsError (ESTALE for a replaced file, ENOMEM where the mapping is refused).
+  /// `identity`). Throws OsError (ESTALE for a replaced file, ENOMEM where the mapping is refused: then
+  /// half of the mappings kept are let go and the capacity lowered to what is left, at least 1).
   std::shared_ptr<const MappedFile> acquire(const std::string& path, const FileIdentity& identity);
-  std::size_t capacity() const noexcept { return capacity_; }
+  /// The most mappings kept: the constructor's, or less after a refused mapping.
+  std::size_t capacity() const;
   /// Mappings kept now (those in use but evicted not counted).
   std::size_t size() const;
   /// Mappings made so far (a measure of churn).
@@ -39,7 +44,9 @@ class MappingCache {
     std::string path;
     std::shared_ptr<const MappedFile> mapping;
   };
-  std::size_t capacity_;
+  void give_back_half();
+
+  std::size_t capacity_;  // guarded by mutex_
   mutable std::mutex mutex_;
   std::list<Entry> lru_;  // most recently used first
   std::unordered_map<std::string, std::list<Entry>::iterator> by_path_;

@@ -158,6 +158,8 @@ class OnDemandMappedReader final : public ArrayReader {
       cache_->acquire(name_, identity_)->populate(header_.data_offset + offset, length);
     } catch (const NpyFormatError& e) {
       throw e.with_path(name_);
+    } catch (const OsError& e) {
+      if (e.error_number() != ENOMEM) throw;  // out of mappings: nothing to populate (reads use pread)
     }
   }
 

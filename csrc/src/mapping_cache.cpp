@@ -1,9 +1,11 @@
 #include "npyfeed/mapping_cache.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "npyfeed/errors.hpp"
 
@@ -52,7 +54,13 @@ std::shared_ptr<const MappedFile> MappingCache::acquire(const std::string& path,
   // once: the second keeps the first's mapping.
   File file = File::open(path);
   if (!(file.identity() == identity)) throw OsError(ESTALE, path, "file replaced since it was opened");
-  std::shared_ptr<const MappedFile> mapping = MappedFile::map(file);
+  std::shared_ptr<const MappedFile> mapping;
+  try {
+    mapping = MappedFile::map(file);
+  } catch (const OsError& e) {
+    if (e.error_number() == ENOMEM) give_back_half();
+    throw;
+  }
   std::shared_ptr<const MappedFile> evicted;  // unmapped after the lock is released
   std::lock_guard lock(mutex_);
   ++maps_made_;
@@ -68,6 +76,23 @@ std::shared_ptr<const MappedFile> MappingCache::acquire(const std::string& path,
     lru_.pop_back();
   }
   return mapping;
+}
+
+void MappingCache::give_back_half() {
+  std::vector<std::shared_ptr<const MappedFile>> evicted;  // unmapped after the lock is released
+  std::lock_guard lock(mutex_);
+  const std::size_t keep = lru_.size() / 2;
+  while (lru_.size() > keep) {
+    evicted.push_back(std::move(lru_.back().mapping));
+    by_path_.erase(lru_.back().path);
+    lru_.pop_back();
+  }
+  capacity_ = std::max<std::size_t>(1, std::min(capacity_, keep));
+}
+
+std::size_t MappingCache::capacity() const {
+  std::lock_guard lock(mutex_);
+  return capacity_;
 }
 
 std::size_t MappingCache::size() const {
