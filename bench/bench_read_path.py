@@ -1,8 +1,8 @@
 """Where the time of a cold window read goes: bytes read from the disk per sample and CPU per sample, by mode.
 
 For each mode (default read and direct) and trial, alternated: every data file is evicted from the page cache, a
-fresh process opens ``WindowSource(mode=...)``, takes one batch (labels read whole at open, start-up), then times N
-batches of ``src.batches(B, shuffle=True)``. Reported per mode: samples/s, CPU microseconds per sample (the
+fresh process opens ``WindowSource(mode=...)``, takes one batch (labels read whole at open, start-up; the open and
+this first batch are timed apart), then times N batches of ``src.batches(B, shuffle=True, prefetch=P)``. Reported per mode: samples/s, CPU microseconds per sample (the
 process, all threads), bytes read from storage per sample (``read_bytes`` of /proc/self/io: what the kernel read
 for the process, read-ahead included) against the bytes of one window, and voluntary context switches. A mode
 that reads more bytes than its windows need shows read-ahead of neighbouring pages; one that reads fewer finds
@@ -10,7 +10,8 @@ part of its windows already cached by earlier batches of the run (overlapping wi
 ``perf record -g -p PID`` once a child prints READY (``--pause`` waits a second there).
 
 ```
-python bench/bench_read_path.py --dir /tmp/rp-data [--modes read,direct] [--trials 3] [--batches 40] [--json out.json]
+python bench/bench_read_path.py --dir /tmp/rp-data [--modes read,direct] [--trials 3] [--batches 40] [--prefetch 2]
+                                [--json out.json]
 python bench/bench_read_path.py --quick      # seconds: a smoke run, numbers meaningless
 ```
 """
@@ -42,10 +43,13 @@ def child(cfg: dict) -> dict:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+    t_open = time.perf_counter()
     src = npyfeed.WindowSource(cfg["index_paths"], cfg["factor_dir"], cfg["label_dir"], cfg["window"],
                                mode=cfg["mode"], threads=cfg["threads"])
-    it = src.batches(cfg["batch"], shuffle=True, seed=cfg["seed"])
+    t_first = time.perf_counter()
+    it = src.batches(cfg["batch"], shuffle=True, seed=cfg["seed"], prefetch=cfg["prefetch"])
     next(it)
+    t_ready = time.perf_counter()
     print("READY", os.getpid(), flush=True)
     if cfg["pause"]:
         time.sleep(1)
@@ -57,6 +61,7 @@ def child(cfg: dict) -> dict:
     it.close()
     return {"samples_per_s": n / (t1 - t0), "cpu_us_per_sample": (c1 - c0) / n * 1e6,
             "read_bytes_per_sample": (b1 - b0) / n, "voluntary_switches": r1.ru_nvcsw - r0.ru_nvcsw,
+            "open_ms": (t_first - t_open) * 1e3, "first_batch_ms": (t_ready - t_first) * 1e3,
             "load_1min": os.getloadavg()[0]}
 
 
@@ -76,6 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--window", type=int, default=100)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--batches", type=int, default=40, help="timed batches per run (default 40)")
+    p.add_argument("--prefetch", type=int, default=2, help="batches(prefetch=) (default 2, npyfeed's default)")
     p.add_argument("--pause", action="store_true", help="wait 1 s after READY (time to attach perf)")
     args = p.parse_args(argv)
     if args.quick:
@@ -88,10 +94,11 @@ def main(argv=None) -> int:
     window_bytes = args.window * args.cols * np.dtype(args.dtype).itemsize
     base = {"paths": ds.factor_paths + ds.label_paths, "index_paths": ds.index_paths, "factor_dir": factor_dir,
             "label_dir": label_dir, "window": args.window, "threads": common.resolve_threads(args.threads),
-            "batch": args.batch, "batches": args.batches, "pause": args.pause}
+            "batch": args.batch, "batches": args.batches, "prefetch": args.prefetch, "pause": args.pause}
     env = dict(os.environ, NPYFEED_CACHE_DIR=str(Path(args.dir).resolve() / "read-path-cache"))
     print(f"npyfeed cold window reads: {spec.files} x ({spec.rows}, {spec.cols}) {spec.dtype}, W={args.window}, "
-          f"B={args.batch}, {args.batches} timed batches per run, {args.repeats} trials, modes {','.join(modes)}")
+          f"B={args.batch}, prefetch {args.prefetch}, {args.batches} timed batches per run, {args.repeats} trials, "
+          f"modes {','.join(modes)}")
     load_before = os.getloadavg()
     runs = {m: [] for m in modes}
     for trial in range(args.repeats):
@@ -106,9 +113,10 @@ def main(argv=None) -> int:
             runs[mode].append(out)
             print(f"  trial {trial} {mode:6s} {out['samples_per_s']:8,.0f} samples/s  "
                   f"{out['cpu_us_per_sample']:6.1f} us CPU/sample  {out['read_bytes_per_sample']:9,.0f} B read/sample  "
+                  f"open {out['open_ms']:5.0f} ms  first batch {out['first_batch_ms']:5.0f} ms  "
                   f"load {out['load_1min']:.2f}", flush=True)
     header = ["mode", "samples/s (median)", "cpu us/sample", "bytes read/sample", "x window bytes",
-              "voluntary switches/run"]
+              "voluntary switches/run", "open ms", "first batch ms"]
     rows, summary = [], {}
     for mode in modes:
         rs = runs[mode]
@@ -116,9 +124,9 @@ def main(argv=None) -> int:
         summary[mode] = med
         rows.append([mode, f"{med['samples_per_s']:,.0f}", f"{med['cpu_us_per_sample']:.1f}",
                      f"{med['read_bytes_per_sample']:,.0f}", f"{med['read_bytes_per_sample'] / window_bytes:.2f}",
-                     f"{med['voluntary_switches']:,.0f}"])
+                     f"{med['voluntary_switches']:,.0f}", f"{med['open_ms']:.0f}", f"{med['first_batch_ms']:.0f}"])
     print()
-    print(common.format_table(header, rows, align="lrrrrr"))
+    print(common.format_table(header, rows, align="lrrrrrrr"))
     print(f"\nwindow: {window_bytes:,} bytes; load average (1 min) {load_before[0]:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after, on {common.machine_info()['cpus']} CPUs")
     if args.quick:
