@@ -137,6 +137,9 @@ def main(argv=None) -> int:
                    help="rounds of the warm and blocks rows, in turn; the table gives median and worst (default 1)")
     p.add_argument("--baseline", metavar="DIR", default=None,
                    help="install folder of another npyfeed whose blocks rows run beside these in every round")
+    p.add_argument("--note", default="",
+                   help="what else ran on the machine (e.g. 'eight busy loops beside it'), kept in the JSON and "
+                        "shown by bench/report.py beside the load average")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -242,7 +245,8 @@ def main(argv=None) -> int:
         common.write_json(args.json, {"command": " ".join(sys.argv), "machine": common.machine_info(),
                                       "data_bytes": data_bytes, "available": avail, "budget": budget,
                                       "limits_gbps": {"odirect_seq": seq}, "results": results,
-                                      "rounds": rounds, "ratios": ratios, "baseline": args.baseline})
+                                      "rounds": rounds, "ratios": ratios, "baseline": args.baseline,
+                                      "note": args.note})
     return 0
 
 

@@ -286,8 +286,9 @@ def render_headline(results_dir: Path = RESULTS) -> str:
             blocks = [sorted(r)[(len(r) - 1) // 2] for r in rounds.values()]
             worst = min(min(r) for r in rounds.values())
             loads = [x for rd in s["rounds"] for x in (rd["load_before"], rd["load_after"])]
+            note = f": {s['note']}" if s.get("note") else ""
             how = (f" (median of {len(s['rounds'])} rounds; worst round {worst:.2f}x, load average "
-                   f"{min(loads):.0f}-{max(loads):.0f} on {s['machine']['cpus']} CPUs)")
+                   f"{min(loads):.0f}-{max(loads):.0f} on {s['machine']['cpus']} CPUs{note})")
         else:
             how = ""
         lines.append(f"* **Larger than RAM** ({s['data_bytes'] / 1e9:.1f} GB, {s['data_bytes'] / s['available']:.2f}x "

@@ -400,15 +400,15 @@ def test_reads_fall_back_to_pread_when_no_mapping_can_be_made(tmp_path, monkeypa
         for _ in range(16):  # room for the gather's own allocations (threads, arenas): 16 of 60 files
             held.pop().close()
         x, y = src.get(np.arange(len(src)))
-        # Refused a mapping, the cache gave back half of what it kept and keeps no more from then on: the rest of
-        # the process finds mappings to make again.
-        assert src.mapping_limit < 20
+        # Refused a mapping, the cache gave back half of what it kept and halved its bound: the rest of the
+        # process finds mappings to make again (8 here, the cache having held about 16).
+        assert src.mapping_limit <= 10
         room = 0
         with contextlib.suppress(OSError):
             while room < 100:
                 held.append(mmap.mmap(-1, mmap.PAGESIZE))
                 room += 1
-        assert room >= src.mapping_limit // 2, (room, src.mapping_limit)
+        assert room >= 3, (room, src.mapping_limit)
     finally:
         for m in held:
             m.close()

@@ -3,8 +3,8 @@
 // 33,000 keys). Files are mapped when first read and unmapped least recently used first; a mapping in use
 // (a reader holds it) stays valid after it leaves the cache and is unmapped when its last holder lets go.
 // Where the kernel refuses a mapping all the same (others in the process took what was left), the cache gives
-// back half of what it keeps and keeps no more from then on: the rest of the process (malloc, threads' stacks)
-// needs mappings too, and the refused reads go through pread.
+// back half of what it keeps and halves its capacity, once per shortage (until a mapping succeeds again): the
+// rest of the process (malloc, threads' stacks) needs mappings too, and the refused reads go through pread.
 #pragma once
 
 #include <cstddef>
@@ -29,8 +29,8 @@ class MappingCache {
   /// Keeps at most `capacity` (at least 1) mappings.
   explicit MappingCache(std::size_t capacity);
   /// The mapping of `path`, mapping it now if it is not kept (and checking it is still the file of
-  /// `identity`). Throws OsError (ESTALE for a replaced file, ENOMEM where the mapping is refused: then
-  /// half of the mappings kept are let go and the capacity lowered to what is left, at least 1).
+  /// `identity`). Throws OsError (ESTALE for a replaced file, ENOMEM where the mapping is refused: then,
+  /// once per shortage, half of the mappings kept are let go and the capacity is halved, to at least 1).
   std::shared_ptr<const MappedFile> acquire(const std::string& path, const FileIdentity& identity);
   /// The most mappings kept: the constructor's, or less after a refused mapping.
   std::size_t capacity() const;
@@ -51,6 +51,7 @@ class MappingCache {
   std::list<Entry> lru_;  // most recently used first
   std::unordered_map<std::string, std::list<Entry>::iterator> by_path_;
   std::uint64_t maps_made_ = 0;
+  std::uint64_t gave_back_at_ = ~std::uint64_t{0};  // maps_made_ at the last give-back (none yet)
 };
 
 }  // namespace npyfeed

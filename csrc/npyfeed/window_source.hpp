@@ -108,7 +108,7 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::vector<std::string> direct_fallbacks() const;
   /// mmap mode with more files than may be mapped at once: the most mappings kept (files are mapped on
   /// demand, least recently used unmapped first); 0 when every file has its own mapping.
-  std::size_t mapping_limit() const noexcept { return mappings_ ? mappings_->capacity() : 0; }
+  std::size_t mapping_limit() const { return mappings_ ? mappings_->capacity() : 0; }
 
   /// The totals of every pipeline over this source (each plan counts its own and into these).
   const std::shared_ptr<PipelineStats>& stats() const noexcept { return stats_; }

@@ -4,8 +4,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
-#include <vector>
 
 #include "npyfeed/errors.hpp"
 
@@ -79,15 +79,16 @@ std::shared_ptr<const MappedFile> MappingCache::acquire(const std::string& path,
 }
 
 void MappingCache::give_back_half() {
-  std::vector<std::shared_ptr<const MappedFile>> evicted;  // unmapped after the lock is released
+  std::list<Entry> evicted;  // unmapped after the lock is released; splicing into it allocates nothing (the
+                             // process is out of mappings, and malloc may need one)
   std::lock_guard lock(mutex_);
-  const std::size_t keep = lru_.size() / 2;
-  while (lru_.size() > keep) {
-    evicted.push_back(std::move(lru_.back().mapping));
-    by_path_.erase(lru_.back().path);
-    lru_.pop_back();
-  }
-  capacity_ = std::max<std::size_t>(1, std::min(capacity_, keep));
+  // Once per shortage: threads refused together, or again before any mapping succeeded, halve nothing more.
+  if (gave_back_at_ == maps_made_) return;
+  gave_back_at_ = maps_made_;
+  evicted.splice(evicted.end(), lru_, std::next(lru_.begin(), static_cast<std::ptrdiff_t>(lru_.size() / 2)),
+                 lru_.end());
+  for (const Entry& entry : evicted) by_path_.erase(entry.path);
+  capacity_ = std::max<std::size_t>(1, capacity_ / 2);  // still at least what is kept (size <= capacity)
 }
 
 std::size_t MappingCache::capacity() const {
