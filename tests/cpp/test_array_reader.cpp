@@ -2,6 +2,7 @@
 // memory) gives the file's bytes through read, fetch, read_strided and allocate + fill, with descriptors
 // kept or reopened; a file replaced under a reader that reopens is refused; a file shrunk under one is an
 // NpyFormatError naming it. The loader and gather tests use the readers through their callers.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -257,3 +259,67 @@ TEST_CASE("on-demand mappings: a replaced file is refused (ESTALE), a shrunk one
   auto f = CHECK_THROWS(NpyFormatError, rb->read(8000, 100, out.data()));
   if (f) CHECK(contains(f->what(), b.path));
 }
+
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+namespace {
+
+// While alive, the process may take only `headroom` more bytes of address space (RLIMIT_AS): a larger mmap
+// fails with ENOMEM, as at vm.max_map_count.
+struct AddressSpaceLimit {
+  explicit AddressSpaceLimit(std::uint64_t headroom) {
+    REQUIRE(::getrlimit(RLIMIT_AS, &saved_) == 0);
+    std::uint64_t pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    REQUIRE(pages > 0);
+    rlimit lowered = saved_;
+    lowered.rlim_cur = pages * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) + headroom;
+    REQUIRE(::setrlimit(RLIMIT_AS, &lowered) == 0);
+  }
+  ~AddressSpaceLimit() { ::setrlimit(RLIMIT_AS, &saved_); }
+  AddressSpaceLimit(const AddressSpaceLimit&) = delete;
+  AddressSpaceLimit& operator=(const AddressSpaceLimit&) = delete;
+  rlimit saved_{};
+};
+
+}  // namespace
+
+TEST_CASE("a refused mapping (ENOMEM): half the kept mappings let go and the bound halved, once per shortage") {
+  TempDir dir;
+  std::vector<Written> files;
+  for (int k = 0; k < 6; ++k) files.push_back(write(dir, "e" + std::to_string(k) + ".npy", 4u << 20, 30 + k));
+  MappingCache cache(8);
+  auto acquire = [&](std::size_t k) { return cache.acquire(files[k].path, File::open(files[k].path).identity()); };
+  auto refused = [&](std::size_t k) {
+    try {
+      acquire(k);
+      return false;
+    } catch (const OsError& e) {
+      return e.error_number() == ENOMEM;
+    }
+  };
+  for (std::size_t k = 0; k < 4; ++k) acquire(k);
+  CHECK_EQ(cache.size(), 4u);
+  {
+    AddressSpaceLimit limit(1u << 20);  // no room for a 4 MiB mapping
+    CHECK(refused(4));
+  }
+  CHECK_EQ(cache.size(), 2u);  // the least recently used two were let go (and unmapped: nobody held them)
+  CHECK_EQ(cache.capacity(), 4u);
+  {
+    AddressSpaceLimit limit(1u << 20);  // still short, no mapping made since: nothing more given back
+    CHECK(refused(5));
+  }
+  CHECK_EQ(cache.size(), 2u);
+  CHECK_EQ(cache.capacity(), 4u);
+  auto mapped = acquire(4);  // room again: mapped, kept
+  CHECK(same(mapped->data() + mapped->size() - files[4].data.size(), files[4].data, 0, files[4].data.size()));
+  mapped.reset();
+  CHECK_EQ(cache.size(), 3u);
+  {
+    AddressSpaceLimit limit(1u << 20);  // a new shortage
+    CHECK(refused(5));
+  }
+  CHECK_EQ(cache.size(), 1u);
+  CHECK_EQ(cache.capacity(), 2u);
+}
+#endif
