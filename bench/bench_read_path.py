@@ -2,9 +2,10 @@
 
 For each mode (default read and direct) and trial, alternated: every data file is evicted from the page cache, a
 fresh process opens ``WindowSource(mode=...)``, takes one batch (labels read whole at open, start-up; the open and
-this first batch are timed apart), then times N batches of ``src.batches(B, shuffle=True, prefetch=P)``. Reported per mode: samples/s, CPU microseconds per sample (the
-process, all threads), bytes read from storage per sample (``read_bytes`` of /proc/self/io: what the kernel read
-for the process, read-ahead included) against the bytes of one window, and voluntary context switches. A mode
+this first batch are timed apart), then times N batches of ``src.batches(B, shuffle=True, prefetch=P)``. Reported
+per mode: samples/s, CPU microseconds per sample (the process, all threads), bytes read from storage per sample
+(``read_bytes`` of /proc/self/io: what the kernel read for the process, read-ahead included) against the bytes of
+one window, voluntary context switches, and the open's and the first batch's milliseconds. A mode
 that reads more bytes than its windows need shows read-ahead of neighbouring pages; one that reads fewer finds
 part of its windows already cached by earlier batches of the run (overlapping windows). Profile the same run with
 ``perf record -g -p PID`` once a child prints READY (``--pause`` waits a second there).

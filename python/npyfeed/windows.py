@@ -329,8 +329,8 @@ class WindowSource:
         """With ``mode="mmap"`` over more files than the process may map at once (half of what
         ``vm.max_map_count`` leaves; ``NPYFEED_MAX_MAPPINGS`` replaces that limit): the most mappings kept,
         files being mapped when read and the least recently used unmapped; halved, once per shortage, when
-        the kernel refuses a mapping anyway (the refused reads use pread). ``None`` when every file has its own mapping (the usual
-        case)."""
+        the kernel refuses a mapping anyway (the refused reads use pread). ``None`` when every file has its
+        own mapping (the usual case)."""
         limit = self._core.mapping_limit if self.mode == "mmap" else 0
         return limit or None
 
