@@ -140,6 +140,45 @@ def test_merge_chain_longer_than_the_span_limit(long_chain, mode):
     assert_batch(src.get(ids), reference(long_chain, [long_chain.entries[i] for i in ids], "float32"))
 
 
+@pytest.fixture(scope="module")
+def past_the_caches(tmp_path_factory):
+    """``past_the_caches(source)``: 3 keys of (600, 257) factors, W=17 (windows of 17,476 bytes as float32, at
+    every offset mod 64 in a batch), 1,000 samples: one gather of all of them is 17.5 MB as float32, past the
+    16 MiB from which windows are copied with streaming stores; a few samples leave their arrays (bounds='pad')."""
+    cache = {}
+
+    def get(source):
+        if source not in cache:
+            rng = np.random.default_rng(zlib.crc32(source.encode()) + 2)
+            factors = {k: sample_values(rng, source, (600, 257)) for k in "abc"}
+            labels = {k: sample_values(rng, source, (600, 3)) for k in "abc"}
+            entries = [(int(rng.integers(16, 600)), int(rng.integers(0, 600)), "abc"[i % 3]) for i in range(994)]
+            entries += [(0, 1, "a"), (5, 2, "b"), (599 + 16, 3, "c"), (599 + 3, 0, "a"), (16, 599, "b"), (599, 5, "c")]
+            entries = [entries[i] for i in rng.permutation(len(entries))]
+            cache[source] = write_dataset(tmp_path_factory.mktemp("past"), factors, labels, entries, 17)
+        return cache[source]
+
+    return get
+
+
+@pytest.mark.parametrize("streaming", ["1", "0", None])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("source", ["<f4", "<f8", ">f4"])
+def test_batches_copied_with_streaming_stores_equal_numpy(past_the_caches, source, mode, streaming, monkeypatch):
+    """Windows copied into the batch with streaming stores (NPYFEED_STREAMING=1; by default from 16 MiB a batch:
+    the whole-epoch gather here) or memcpy (=0): the same bytes as numpy slicing, converted or not."""
+    if streaming is None:
+        monkeypatch.delenv("NPYFEED_STREAMING", raising=False)
+    else:
+        monkeypatch.setenv("NPYFEED_STREAMING", streaming)
+    ds = past_the_caches(source)
+    n = len(ds.entries)
+    for out in OUT_DTYPES:
+        src = open_source(ds, mode, dtype=out, bounds="pad")
+        assert_batch(src.get(np.arange(n)), reference(ds, ds.entries, out))
+        check_epoch(src, ds, out, 64, shuffle=True, seed=3)
+
+
 _DIRECT_REFUSED = """
     from pathlib import Path
     import numpy as np

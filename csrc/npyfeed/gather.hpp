@@ -122,6 +122,7 @@ class Gather {
   std::byte* x_;
   std::byte* y_;
   std::size_t keys_per_wave_ = 1;
+  bool stream_x_ = false;  // windows copied into x_ with streaming stores (detail/stream_copy.hpp)
 };
 
 }  // namespace npyfeed

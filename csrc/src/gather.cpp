@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "npyfeed/detail/stream_copy.hpp"
 #include "npyfeed/fault_guard.hpp"
 #include "npyfeed/mapped_file.hpp"
 #include "npyfeed/read_queue.hpp"
@@ -162,6 +163,8 @@ Gather::Gather(const GatherInput& input, std::vector<std::int64_t> ids, std::byt
     if (i == 0 || sample_at(order_[i]).key != sample_at(order_[i - 1]).key) key_begin_.push_back(i);
   }
   key_begin_.push_back(order_.size());
+  const std::uint64_t x_row_out = in_.transform->x().out_elems() * in_.out_size;
+  stream_x_ = detail::stream_batch(ids_.size() * static_cast<std::uint64_t>(in_.window) * x_row_out);
 }
 
 // On a cold cache, tells the kernel about every window of the batch before the workers touch them: it then
@@ -333,6 +336,10 @@ void Gather::gather_factors(std::size_t begin, std::vector<std::byte>& scratch, 
   };
   const ScalarType& st = h.scalar;
   const bool read_in_place = windows_in_place(factor, t, in_.out_size);
+  // Rows stored as the output wants them (no conversion, no transform) into a batch past the caches: copied
+  // with streaming stores.
+  const bool stream_rows =
+      stream_x_ && t.identity() && st.kind == 'f' && st.size == in_.out_size && !st.swapped;
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const Run& run = runs[i];
     const std::byte* ready = staged.empty() ? nullptr : staged[i];
@@ -364,8 +371,14 @@ void Gather::gather_factors(std::size_t begin, std::vector<std::byte>& scratch, 
         const std::int64_t inside = std::max<std::int64_t>(b - a, 0);
         std::memset(out, 0, static_cast<std::size_t>(before) * x_row_out);
         if (inside > 0) {
-          convert_rows(t, rows_data + static_cast<std::uint64_t>(a - run.first) * src_row_bytes, st,
-                       static_cast<std::uint64_t>(inside), out + static_cast<std::uint64_t>(before) * x_row_out);
+          const std::byte* from = rows_data + static_cast<std::uint64_t>(a - run.first) * src_row_bytes;
+          std::byte* to = out + static_cast<std::uint64_t>(before) * x_row_out;
+          const std::uint64_t bytes = static_cast<std::uint64_t>(inside) * x_row_out;
+          if (stream_rows && bytes >= detail::kStreamedCopyBytes) {
+            detail::streaming_copy(to, from, bytes);  // what convert_rows would do: a plain copy
+          } else {
+            convert_rows(t, from, st, static_cast<std::uint64_t>(inside), to);
+          }
         }
         const std::int64_t after = window - before - inside;
         std::memset(out + static_cast<std::uint64_t>(before + inside) * x_row_out, 0,

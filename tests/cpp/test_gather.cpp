@@ -292,6 +292,68 @@ TEST_CASE("every dtype and byte order, C and Fortran order, every read mode, flo
   }
 }
 
+TEST_CASE("windows copied with streaming stores: the same batches, every read mode, float32 and float64, pad") {
+  // Windows of 17 rows x 61 columns: 4,148 bytes as float32, 8,296 as float64 (streamed from 4 KiB on), at
+  // every offset mod 64 in the batch. ">f4" is converted, never streamed: the same answer either way.
+  constexpr std::int64_t kWideRows = 300, kWideCols = 61, kWideWindow = 17;
+  struct EnvStreaming {
+    explicit EnvStreaming(const char* value) { ::setenv("NPYFEED_STREAMING", value, 1); }
+    ~EnvStreaming() { ::unsetenv("NPYFEED_STREAMING"); }
+  };
+  TempDir dir;
+  std::vector<Entry> entries;
+  for (std::int64_t i = 0; i < 64; ++i)
+    entries.push_back({kWideWindow - 1 + (i * 37) % (kWideRows - kWideWindow + 1), (i * 11) % kWideRows,
+                       static_cast<std::size_t>(i % 3)});
+  entries.push_back({5, 0, 0});               // starts before the array: padded
+  entries.push_back({kWideRows + 3, 1, 1});  // ends after it
+  std::vector<std::int64_t> ids(entries.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int64_t>((i * 7 + 3) % ids.size());
+  for (const char* descr : {"<f4", "<f8", ">f4"}) {
+    Files files;
+    for (std::size_t k = 0; k < std::size(kKeys); ++k) {
+      files.factors.push_back(dir.file(std::string(descr + 1) + "_f" + kKeys[k] + ".npy"));
+      files.labels.push_back(dir.file(std::string(descr + 1) + "_l" + kKeys[k] + ".npy"));
+      write_array(files.factors.back(), descr, kWideRows, kWideCols, false,
+                  [&](std::int64_t r, std::int64_t c) { return factor_value(k, r, c, false); });
+      write_array(files.labels.back(), descr, kWideRows, kLabelCols, false,
+                  [&](std::int64_t r, std::int64_t c) { return label_value(k, r, c, false); });
+    }
+    for (ReadMode mode : kModes) {
+      for (std::uint32_t out : {4u, 8u}) {
+        const std::string where = std::string(descr) + " " + mode_name(mode) + " out " + std::to_string(out);
+        WindowOptions o = options_for(mode, out, Bounds::kPad);
+        o.window = kWideWindow;
+        auto source = open_files(entries, files, o);
+        Batch plain, streamed;
+        {
+          EnvStreaming env("0");
+          plain = gather(*source, ids);
+        }
+        {
+          EnvStreaming env("1");
+          streamed = gather(*source, ids);
+        }
+        if (plain.x != streamed.x || plain.y != streamed.y) test::report(__FILE__, __LINE__, where + ": batches differ");
+        int bad = 0;
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+          const Entry& e = entries[static_cast<std::size_t>(ids[i])];
+          for (std::int64_t w = 0; w < kWideWindow; ++w) {
+            const std::int64_t row = e.feature - kWideWindow + 1 + w;
+            for (std::int64_t c = 0; c < kWideCols; ++c) {
+              const double want = row >= 0 && row < kWideRows ? factor_value(e.key, row, c, false) : 0.0;
+              const std::size_t at = (i * kWideWindow + static_cast<std::size_t>(w)) * kWideCols + c;
+              if (element(streamed.x, out, at) != want && bad++ < 3)
+                test::report(__FILE__, __LINE__, where + ": x[" + std::to_string(i) + "] differs");
+            }
+          }
+        }
+        CHECK_EQ(bad, 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("1-d labels and one-column Fortran factors") {
   TempDir dir;
   std::vector<std::string> factors, labels;

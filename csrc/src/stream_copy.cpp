@@ -1,0 +1,73 @@
+#include "npyfeed/detail/stream_copy.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define NPYFEED_STREAMING_STORES 1
+#endif
+
+namespace npyfeed::detail {
+
+bool stream_batch(std::uint64_t batch_bytes) {
+  const char* env = std::getenv("NPYFEED_STREAMING");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  if (env != nullptr && std::strcmp(env, "1") == 0) return true;
+  return batch_bytes >= kStreamedBatchBytes;
+}
+
+#if NPYFEED_STREAMING_STORES
+namespace {
+
+// `n` a multiple of 64, `dst` 64-byte aligned.
+void stream_sse2(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+}
+
+__attribute__((target("avx512f"))) void stream_avx512(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; i += 64)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_loadu_si512(src + i));
+}
+
+// __builtin_cpu_supports checks that the kernel saves the AVX-512 registers too (XGETBV); __builtin_cpu_init
+// because this runs among the library's constructors.
+const bool kHaveAvx512 = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") != 0;
+}();
+
+}  // namespace
+#endif
+
+void streaming_copy(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
+#if NPYFEED_STREAMING_STORES
+  if (n >= 128) {
+    // Head to the first 64-byte boundary of dst and the tail after the last one through memcpy, the lines
+    // between them streamed whole.
+    const std::size_t head = (64 - (reinterpret_cast<std::uintptr_t>(dst) & 63u)) & 63u;
+    const std::size_t body = (n - head) & ~std::size_t{63};
+    std::memcpy(dst, src, head);
+    if (kHaveAvx512) {
+      stream_avx512(dst + head, src + head, body);
+    } else {
+      stream_sse2(dst + head, src + head, body);
+    }
+    std::memcpy(dst + head + body, src + head + body, n - head - body);
+    _mm_sfence();  // streaming stores are weakly ordered: visible before whatever this thread stores next
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
+}
+
+}  // namespace npyfeed::detail

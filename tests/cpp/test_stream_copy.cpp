@@ -1,0 +1,80 @@
+// streaming_copy against memcpy: every destination alignment, source alignments, lengths around the 64-byte
+// lines it streams; nothing outside the destination written. stream_batch's switch and threshold.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "check.hpp"
+#include "npyfeed/detail/stream_copy.hpp"
+
+using namespace npyfeed;
+
+namespace {
+
+struct EnvStreaming {
+  explicit EnvStreaming(const char* value) {
+    if (value == nullptr) {
+      ::unsetenv("NPYFEED_STREAMING");
+    } else {
+      ::setenv("NPYFEED_STREAMING", value, 1);
+    }
+  }
+  ~EnvStreaming() { ::unsetenv("NPYFEED_STREAMING"); }
+};
+
+}  // namespace
+
+TEST_CASE("streaming_copy: memcpy's bytes at every alignment and length, nothing outside written") {
+  constexpr std::size_t kGuard = 128;
+  const std::size_t lengths[] = {0, 1, 63, 64, 65, 127, 128, 129, 191, 192, 255, 1000, 4096 + 5, 65536 + 77};
+  const std::size_t src_offsets[] = {0, 1, 3, 8, 13, 32, 63};
+  std::vector<std::byte> src(65536 + 77 + 64 + 2 * kGuard);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>((i * 131 + 7) % 251);
+  std::vector<std::byte> dst(src.size() + 64 + 2 * kGuard);
+  int bad = 0;
+  for (std::size_t n : lengths) {
+    for (std::size_t dst_offset = 0; dst_offset < 64; ++dst_offset) {
+      for (std::size_t src_offset : src_offsets) {
+        std::memset(dst.data(), 0xA5, dst.size());
+        // dst_offset 0..63 puts the destination at every address mod 64.
+        const std::size_t base = kGuard + dst_offset;
+        detail::streaming_copy(dst.data() + base, src.data() + src_offset, n);
+        const bool same = std::memcmp(dst.data() + base, src.data() + src_offset, n) == 0;
+        bool guards = true;
+        for (std::size_t i = 0; i < base; ++i) guards = guards && dst[i] == std::byte{0xA5};
+        for (std::size_t i = base + n; i < dst.size(); ++i) guards = guards && dst[i] == std::byte{0xA5};
+        if ((!same || !guards) && bad++ < 5) {
+          test::report(__FILE__, __LINE__,
+                       "n " + std::to_string(n) + " dst offset " + std::to_string(dst_offset) + " src offset " +
+                           std::to_string(src_offset) + (same ? "" : ": bytes differ") +
+                           (guards ? "" : ": wrote outside the destination"));
+        }
+      }
+    }
+  }
+  CHECK_EQ(bad, 0);
+}
+
+TEST_CASE("stream_batch: from 16 MiB by default, NPYFEED_STREAMING=0 never, =1 always") {
+  {
+    EnvStreaming env(nullptr);
+    CHECK(!detail::stream_batch(0));
+    CHECK(!detail::stream_batch(detail::kStreamedBatchBytes - 1));
+    CHECK(detail::stream_batch(detail::kStreamedBatchBytes));
+  }
+  {
+    EnvStreaming env("0");
+    CHECK(!detail::stream_batch(std::uint64_t{1} << 40));
+  }
+  {
+    EnvStreaming env("1");
+    CHECK(detail::stream_batch(1));
+  }
+  {
+    EnvStreaming env("yes");  // anything else: the default
+    CHECK(!detail::stream_batch(1));
+    CHECK(detail::stream_batch(detail::kStreamedBatchBytes));
+  }
+}
