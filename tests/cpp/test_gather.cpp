@@ -305,7 +305,7 @@ TEST_CASE("windows copied with streaming stores: the same batches, every read mo
   for (std::int64_t i = 0; i < 64; ++i)
     entries.push_back({kWideWindow - 1 + (i * 37) % (kWideRows - kWideWindow + 1), (i * 11) % kWideRows,
                        static_cast<std::size_t>(i % 3)});
-  entries.push_back({5, 0, 0});               // starts before the array: padded
+  entries.push_back({5, 0, 0});              // starts before the array: padded
   entries.push_back({kWideRows + 3, 1, 1});  // ends after it
   std::vector<std::int64_t> ids(entries.size());
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int64_t>((i * 7 + 3) % ids.size());
@@ -334,7 +334,8 @@ TEST_CASE("windows copied with streaming stores: the same batches, every read mo
           EnvStreaming env("1");
           streamed = gather(*source, ids);
         }
-        if (plain.x != streamed.x || plain.y != streamed.y) test::report(__FILE__, __LINE__, where + ": batches differ");
+        if (plain.x != streamed.x || plain.y != streamed.y)
+          test::report(__FILE__, __LINE__, where + ": batches differ");
         int bad = 0;
         for (std::size_t i = 0; i < ids.size(); ++i) {
           const Entry& e = entries[static_cast<std::size_t>(ids[i])];
