@@ -5,6 +5,8 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <optional>
+#include <string>
 
 #include "bind.hpp"
 #include "convert.hpp"
@@ -13,6 +15,7 @@
 #include "npyfeed/block_stream.hpp"
 #include "npyfeed/epoch_plan.hpp"
 #include "npyfeed/errors.hpp"
+#include "npyfeed/page_lock.hpp"
 
 namespace npyfeed::bindings {
 
@@ -181,11 +184,18 @@ void bind_plans(py::module_& m) {
              }
              return wrap_window_batch(p.source(), b);
            })
-      .def("stream",
-           [](const std::shared_ptr<EpochPlan>& p, std::uint64_t epoch, std::size_t start_batch, std::size_t prefetch) {
-             auto stream = without_gil([&] { return p->stream(epoch, start_batch, prefetch); });
-             return std::make_unique<PyStream>(p, std::move(stream));
-           })
+      .def(
+          "stream",
+          [](const std::shared_ptr<EpochPlan>& p, std::uint64_t epoch, std::size_t start_batch, std::size_t prefetch,
+             std::optional<int> pin_device, const std::string& cuda_runtime) {
+            auto stream = without_gil([&] {
+              auto locker = pin_device ? PageLocker::open(cuda_runtime, *pin_device) : nullptr;
+              return p->stream(epoch, start_batch, prefetch, std::move(locker));
+            });
+            return std::make_unique<PyStream>(p, std::move(stream));
+          },
+          py::arg("epoch"), py::arg("start_batch"), py::arg("prefetch"), py::arg("pin_device") = std::nullopt,
+          py::arg("cuda_runtime") = "")
       .def("close", [](EpochPlan& p) { without_gil([&] { p.close(); }); });
 }
 

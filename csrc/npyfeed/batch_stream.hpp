@@ -28,9 +28,11 @@ class BatchStream final : public EpochStream {
   using Batch = WindowBatch;
   /// Throws InvalidArgument for a batch_size of 0, IndexOutOfRange for an explicit id outside the source.
   /// A computed order must be over the source's samples (ids are made per batch, never all at once).
-  /// Batches taken are counted in `stats` (null: the source's).
+  /// Batches taken are counted in `stats` (null: the source's). With `page_locker`, the batches' buffers are
+  /// page-locked through it (BufferPool).
   BatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size, bool drop_remainder,
-              std::size_t prefetch, std::size_t start_batch, std::shared_ptr<PipelineStats> stats = nullptr);
+              std::size_t prefetch, std::size_t start_batch, std::shared_ptr<PipelineStats> stats = nullptr,
+              std::shared_ptr<const PageLocker> page_locker = nullptr);
   ~BatchStream() override;
   std::size_t num_batches() const noexcept override { return num_batches_; }
   /// The job for the next batch, starting it (and the read-ahead) if needed; null at the end.

@@ -60,11 +60,12 @@ class BlockStream final : public EpochStream {
   using Batch = WindowBatch;
   /// The batches of `plan` (one shard's blocks of one epoch, planned by plan_blocks over `samples` and
   /// block_key_bytes(*source) with `memory_budget`), from batch `start_batch` on. Throws InvalidArgument for a
-  /// batch_size of 0. Batches taken and blocks read are counted in `stats` (null: the source's).
+  /// batch_size of 0. Batches taken and blocks read are counted in `stats` (null: the source's). With
+  /// `page_locker`, the batches' buffers are page-locked through it (BufferPool).
   BlockStream(std::shared_ptr<WindowSource> source, std::shared_ptr<const SamplesByKey> samples,
               std::shared_ptr<const BlockPlan> plan, std::uint64_t memory_budget, std::size_t batch_size,
               bool drop_remainder, std::size_t prefetch, std::size_t start_batch,
-              std::shared_ptr<PipelineStats> stats = nullptr);
+              std::shared_ptr<PipelineStats> stats = nullptr, std::shared_ptr<const PageLocker> page_locker = nullptr);
   ~BlockStream() override;
   BlockStream(const BlockStream&) = delete;
   BlockStream& operator=(const BlockStream&) = delete;

@@ -15,6 +15,7 @@
 #include "npyfeed/batch.hpp"
 #include "npyfeed/block_order.hpp"
 #include "npyfeed/epoch_order.hpp"
+#include "npyfeed/page_lock.hpp"
 #include "npyfeed/pipeline_stats.hpp"
 #include "npyfeed/stream_at_position.hpp"
 #include "npyfeed/window_source.hpp"
@@ -109,8 +110,10 @@ class EpochPlan {
   /// the dropped last batch).
   std::vector<std::int64_t> order(std::uint64_t epoch) const;
   /// A stream of epoch `epoch`'s batches from batch `start_batch` on (clipped to num_batches()), keeping
-  /// `prefetch` (at least 1) batches in flight: what the numpy iterator reads.
-  std::unique_ptr<EpochStream> stream(std::uint64_t epoch, std::size_t start_batch, std::size_t prefetch) const;
+  /// `prefetch` (at least 1) batches in flight: what the numpy iterator reads. With `page_locker`, its batches
+  /// are in page-locked memory (for copies to a GPU by DMA).
+  std::unique_ptr<EpochStream> stream(std::uint64_t epoch, std::size_t start_batch, std::size_t prefetch,
+                                      std::shared_ptr<const PageLocker> page_locker = nullptr) const;
   /// Batch `batch` of epoch `epoch`, complete (see the class comment); `while_waiting` runs between the slices
   /// of its wait. Throws IndexOutOfRange unless batch < num_batches(); rethrows a failed read or gather; throws
   /// Cancelled when close() comes from another thread while it waits.

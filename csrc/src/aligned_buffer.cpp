@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <new>
+#include <stdexcept>
 #include <utility>
 
 namespace npyfeed {
@@ -26,13 +27,14 @@ std::size_t page_size() {
 
 }  // namespace
 
-AlignedBuffer::AlignedBuffer(std::size_t size, std::size_t alignment)
+AlignedBuffer::AlignedBuffer(std::size_t size, std::size_t alignment, bool own_pages)
     : data_(nullptr), size_(size), alignment_(alignment < kBufferAlignment ? kBufferAlignment : alignment) {
-  if (size_ >= kOwnMappingFrom && alignment_ <= page_size()) {
-    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if ((size_ >= kOwnMappingFrom || own_pages) && alignment_ <= page_size()) {
+    const std::size_t bytes = size_ == 0 ? page_size() : size_;  // a mapping is never empty
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     data_ = static_cast<std::byte*>(p);
-    mapped_ = true;
+    mapped_bytes_ = bytes;
   } else {
     void* p = nullptr;
     // Never ask for 0 bytes: a zero-size array still needs a valid, aligned pointer.
@@ -46,11 +48,18 @@ AlignedBuffer::AlignedBuffer(std::size_t size, std::size_t alignment)
 }
 
 AlignedBuffer::~AlignedBuffer() {
-  if (mapped_) {
-    ::munmap(data_, size_);
+  if (locker_) locker_->unlock(data_);  // before the pages go
+  if (mapped_bytes_ != 0) {
+    ::munmap(data_, mapped_bytes_);
   } else {
     std::free(data_);
   }
+}
+
+void AlignedBuffer::page_lock(std::shared_ptr<const PageLocker> locker) {
+  if (mapped_bytes_ == 0) throw std::logic_error("AlignedBuffer::page_lock: the buffer does not own its pages");
+  locker->lock(data_, mapped_bytes_);
+  locker_ = std::move(locker);
 }
 
 std::shared_ptr<AlignedBuffer> BufferPool::acquire(std::size_t size, std::size_t alignment) {
@@ -76,7 +85,10 @@ std::shared_ptr<AlignedBuffer> BufferPool::acquire(std::size_t size, std::size_t
     }
   }
   dropped.clear();
-  if (!buffer) buffer = std::make_unique<AlignedBuffer>(size, alignment);
+  if (!buffer) {
+    buffer = std::make_unique<AlignedBuffer>(size, alignment, /*own_pages=*/locker_ != nullptr);
+    if (locker_) buffer->page_lock(locker_);
+  }
   std::weak_ptr<BufferPool> pool = weak_from_this();
   return std::shared_ptr<AlignedBuffer>(buffer.release(), [pool](AlignedBuffer* b) {
     if (auto p = pool.lock()) {

@@ -9,12 +9,13 @@ namespace npyfeed {
 
 BatchStream::BatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size,
                          bool drop_remainder, std::size_t prefetch, std::size_t start_batch,
-                         std::shared_ptr<PipelineStats> stats)
+                         std::shared_ptr<PipelineStats> stats, std::shared_ptr<const PageLocker> page_locker)
     : source_(std::move(source)),
       order_(std::move(order)),
       batch_size_(batch_size),
       prefetch_(std::max<std::size_t>(prefetch, 1)),
-      buffers_(std::make_shared<BufferPool>(2 * (std::max<std::size_t>(prefetch, 1) + 2))),
+      buffers_(std::make_shared<BufferPool>(2 * (std::max<std::size_t>(prefetch, 1) + 2),
+                                            std::function<std::uint64_t(std::size_t)>{}, std::move(page_locker))),
       stats_(stats ? std::move(stats) : source_->stats()) {
   if (batch_size_ == 0) throw InvalidArgument("batch_size must be at least 1");
   if (const auto* ids = order_.explicit_ids()) source_->check_ids(*ids);

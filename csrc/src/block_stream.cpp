@@ -79,7 +79,7 @@ std::shared_ptr<const SamplesByKey> group_samples_by_key(const WindowSource& sou
 BlockStream::BlockStream(std::shared_ptr<WindowSource> source, std::shared_ptr<const SamplesByKey> samples,
                          std::shared_ptr<const BlockPlan> plan, std::uint64_t memory_budget, std::size_t batch_size,
                          bool drop_remainder, std::size_t prefetch, std::size_t start_batch,
-                         std::shared_ptr<PipelineStats> stats)
+                         std::shared_ptr<PipelineStats> stats, std::shared_ptr<const PageLocker> page_locker)
     : source_(std::move(source)),
       samples_(std::move(samples)),
       plan_(std::move(plan)),
@@ -87,7 +87,8 @@ BlockStream::BlockStream(std::shared_ptr<WindowSource> source, std::shared_ptr<c
       batch_size_(batch_size),
       prefetch_(std::max<std::size_t>(prefetch, 1)),
       counters_(std::make_shared<Counters>()),
-      buffers_(std::make_shared<BufferPool>(2 * (std::max<std::size_t>(prefetch, 1) + 2))),
+      buffers_(std::make_shared<BufferPool>(2 * (std::max<std::size_t>(prefetch, 1) + 2),
+                                            std::function<std::uint64_t(std::size_t)>{}, std::move(page_locker))),
       stats_(stats ? std::move(stats) : source_->stats()) {
   if (batch_size_ == 0) throw InvalidArgument("batch_size must be at least 1");
   // The files of a block let go go to the next blocks' reads: kept only while the blocks held (in data bytes)

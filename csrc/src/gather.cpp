@@ -338,8 +338,7 @@ void Gather::gather_factors(std::size_t begin, std::vector<std::byte>& scratch, 
   const bool read_in_place = windows_in_place(factor, t, in_.out_size);
   // Rows stored as the output wants them (no conversion, no transform) into a batch past the caches: copied
   // with streaming stores.
-  const bool stream_rows =
-      stream_x_ && t.identity() && st.kind == 'f' && st.size == in_.out_size && !st.swapped;
+  const bool stream_rows = stream_x_ && t.identity() && st.kind == 'f' && st.size == in_.out_size && !st.swapped;
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const Run& run = runs[i];
     const std::byte* ready = staged.empty() ? nullptr : staged[i];

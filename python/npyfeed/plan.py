@@ -6,6 +6,7 @@ and `npyfeed.tf.dataset` all go through it, so every consumer sees the same batc
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -89,17 +90,34 @@ class Plan:
         """All sample ids of epoch `epoch` in batch order (`WindowSource.epoch_order` gives the same)."""
         return self._core.order(_checks.epoch(epoch))
 
-    def batches(self, epoch: int = 0, *, start_batch: int = 0, prefetch: int | None = None) -> BatchIterator:
+    def batches(self, epoch: int = 0, *, start_batch: int = 0, prefetch: int | None = None,
+                pin_memory: bool = False, pin_memory_device: int | None = None) -> BatchIterator:
         """Iterate over epoch `epoch` from batch `start_batch` on, gathering `prefetch` batches ahead in C++
-        (default: the plan's)."""
+        (default: the plan's).
+
+        With `pin_memory`, the batches are gathered into page-locked (pinned) memory, registered once with the
+        CUDA runtime the process has loaded (PyTorch's, TensorFlow's, CuPy's; ``NPYFEED_CUDA_RUNTIME`` names
+        another libcudart) for CUDA device `pin_memory_device` (default: the calling thread's current one) and
+        recycled registered: a copy of a batch to that GPU then reads it by DMA, several times faster than from
+        ordinary memory, with no copy into a staging buffer (docs/frameworks.md). A batch's memory is gathered
+        into again once no array refers to it: an asynchronous copy (``non_blocking=True``) must be complete
+        before the batch is let go, which ``npyfeed.torch.WindowDataset(device=...)`` sees to. Raises
+        ``RuntimeError`` when no CUDA runtime can be found or it refuses to register a buffer.
+        """
         epoch = _checks.epoch(epoch)
         total = len(self)
         start_batch = _checks.integer(start_batch, "start_batch", 0, total + 1, what=f"in [0, {total}]")
         prefetch = self.prefetch if prefetch is None else _checks.positive(prefetch, "prefetch")
+        pin_device = None
+        if pin_memory:
+            pin_device = -1 if pin_memory_device is None else _checks.non_negative(pin_memory_device,
+                                                                                   "pin_memory_device")
+        elif pin_memory_device is not None:
+            raise ValueError("pin_memory_device is for pin_memory=True")
         if self.shuffle is True:
             self._source._warn_larger_than_memory()
-        return BatchIterator(self._source, self._core.stream(epoch, start_batch, prefetch), total - start_batch,
-                             self._core.stats)
+        stream = self._core.stream(epoch, start_batch, prefetch, pin_device, os.environ.get("NPYFEED_CUDA_RUNTIME", ""))
+        return BatchIterator(self._source, stream, total - start_batch, self._core.stats)
 
     def stats(self) -> dict:
         """Live statistics of this plan: what `take` and its iterators served, how long the consumer waited for

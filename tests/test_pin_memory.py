@@ -1,0 +1,124 @@
+"""``Plan.batches(pin_memory=True)``: batches gathered into page-locked buffers, registered with the CUDA runtime.
+
+Without a GPU, against a stand-in for the runtime (tests/fakes/fake_cudart.c, built here with the C compiler and
+named by ``NPYFEED_CUDA_RUNTIME``): the batches equal the numpy oracle and the unpinned ones, every buffer is
+registered once on pages of its own for the device asked (the caller's current device untouched) and
+unregistered before it is unmapped, for both streams (shuffle True and "blocks"); a refused registration and a
+missing runtime raise RuntimeError with the runtime's message. On a machine with CUDA and PyTorch,
+tests/test_torch.py checks ``WindowDataset(device="cuda")`` against numpy on the GPU itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from windows_data import THREADS, open_source, reference
+
+FAKE_SOURCE = Path(__file__).parent / "fakes" / "fake_cudart.c"
+
+
+@pytest.fixture(scope="module")
+def fake_runtime(tmp_path_factory):
+    """(path of the built fake libcudart, ctypes handle on the same loaded library)."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler to build the fake CUDA runtime")
+    path = tmp_path_factory.mktemp("fake-cudart") / "libcudart-fake.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-pthread", "-o", str(path), str(FAKE_SOURCE)], check=True)
+    return str(path), ctypes.CDLL(str(path))
+
+
+def counts(lib) -> dict:
+    out = (ctypes.c_int * 5)()
+    lib.fake_counts(out)
+    return dict(zip(("live", "registers", "unregisters", "errors", "device"), out))
+
+
+@pytest.fixture
+def runtime(fake_runtime, monkeypatch):
+    path, lib = fake_runtime
+    monkeypatch.setenv("NPYFEED_CUDA_RUNTIME", path)
+    lib.fake_fail_with(0)
+    gc.collect()
+    assert counts(lib)["live"] == 0, "a previous test left buffers registered"
+    return lib
+
+
+@pytest.mark.parametrize("shuffle", [True, "blocks"])
+def test_pinned_batches_equal_numpy_every_buffer_registered_once_and_undone(small, runtime, shuffle):
+    src = open_source(small, "mmap")
+    plan = src.plan(3, shuffle=shuffle, seed=3, memory_budget=4096)  # 20 batches an epoch
+    before = counts(runtime)["registers"]
+    for epoch in (0, 1):
+        order = plan.order(epoch)
+        with plan.batches(epoch, pin_memory=True, pin_memory_device=2) as pinned, plan.batches(epoch) as plain:
+            for b, ((x, y), (px, py)) in enumerate(zip(pinned, plain)):
+                ids = order[b * 3:(b + 1) * 3]
+                ex, ey = reference(small, [small.entries[i] for i in ids], "float32")
+                np.testing.assert_array_equal(x, ex)
+                np.testing.assert_array_equal(y, ey)
+                np.testing.assert_array_equal(x, px)
+                np.testing.assert_array_equal(y, py)
+                assert x.ctypes.data % 64 == 0
+            c = counts(runtime)
+            assert c["live"] >= 2 and c["device"] == 2 and c["errors"] == 0
+        del x, y, px, py
+        gc.collect()
+        c = counts(runtime)
+        assert c["live"] == 0, c  # the stream and its batches gone: every registration undone
+    assert c["errors"] == 0, c  # each on pages of its own, portable, unregistered while still mapped
+    registered = c["registers"] - before
+    # Buffers are recycled registered: each epoch's stream registers those in flight and held (x and y of
+    # prefetch + 3 batches at most), not one per batch (2 epochs x 20 batches x 2 arrays = 80).
+    assert 4 <= registered <= 2 * 2 * (plan.prefetch + 3), registered
+
+
+def test_pinned_batches_kept_by_the_caller_stay_registered_until_let_go(small, runtime):
+    src = open_source(small, "read")
+    plan = src.plan(10, shuffle=True, seed=1)
+    with plan.batches(0, pin_memory=True, pin_memory_device=0) as it:
+        kept = [next(it) for _ in range(3)]
+    gc.collect()
+    assert counts(runtime)["live"] == 6  # x and y of the three batches still held
+    order = plan.order(0)
+    for b, (x, y) in enumerate(kept):
+        ex, ey = reference(small, [small.entries[i] for i in order[b * 10:(b + 1) * 10]], "float32")
+        np.testing.assert_array_equal(x, ex)
+        np.testing.assert_array_equal(y, ey)
+    del kept, x, y
+    gc.collect()
+    assert counts(runtime)["live"] == 0
+
+
+def test_refused_registration_raises_with_the_runtime_message(small, runtime):
+    src = open_source(small, "mmap")
+    runtime.fake_fail_with(2)
+    with pytest.raises(RuntimeError, match=r"cudaHostRegister.*out of memory"):
+        with src.plan(5).batches(0, pin_memory=True) as it:
+            next(it)
+    runtime.fake_fail_with(0)
+    with src.plan(5).batches(0, pin_memory=True) as it:  # the next stream works
+        x, _ = next(it)
+    ex, _ = reference(small, small.entries[:5], "float32")
+    np.testing.assert_array_equal(x, ex)
+
+
+def test_missing_runtime_raises_naming_it(small, monkeypatch):
+    monkeypatch.setenv("NPYFEED_CUDA_RUNTIME", "/nonexistent/libcudart.so.99")
+    src = open_source(small, "mmap", threads=THREADS)
+    with pytest.raises(RuntimeError, match="/nonexistent/libcudart.so.99"):
+        src.plan(5).batches(0, pin_memory=True)
+
+
+def test_pin_memory_arguments(small):
+    plan = open_source(small, "mmap").plan(5)
+    with pytest.raises(ValueError, match="pin_memory_device"):
+        plan.batches(0, pin_memory_device=0)
+    with pytest.raises(ValueError, match="pin_memory_device"):
+        plan.batches(0, pin_memory=True, pin_memory_device=-1)
