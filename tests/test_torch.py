@@ -178,6 +178,48 @@ def test_pin_memory(src):
         assert x.is_pinned()
 
 
+def test_device_must_be_a_cuda_device(src):
+    with pytest.raises(ValueError, match="CUDA device"):
+        nft.WindowDataset(src, 5, device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="no CUDA GPU"):
+            nft.WindowDataset(src, 5, device="cuda")
+
+
+def test_pinned_plan_batches_are_page_locked_for_cuda(src):
+    """Plan.batches(pin_memory=True) with PyTorch's own CUDA runtime: CUDA reports the batches as page-locked."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch.cuda.init()
+    plan = src.plan(5, shuffle=True, seed=4)
+    with plan.batches(0, pin_memory=True) as pinned, plan.batches(0) as plain:
+        for (x, y), (px, py) in zip(pinned, plain):
+            assert torch.from_numpy(x).is_pinned() and torch.from_numpy(y).is_pinned()
+            assert not torch.from_numpy(px).is_pinned()
+            np.testing.assert_array_equal(x, px, strict=True)
+            np.testing.assert_array_equal(y, py, strict=True)
+
+
+@pytest.mark.parametrize("shuffle", KINDS, ids=KIND_IDS)
+def test_batches_on_the_gpu_equal_the_numpy_iterator(src, shuffle):
+    """device=: page-locked buffers copied on a stream of their own; on the GPU, each pass is the next epoch of
+    the numpy iterator, element for element, also when the GPU is kept busy between batches (the host then
+    gathers into buffers whose copies may still be running: they must not be)."""
+    if not torch.cuda.is_available():
+        pytest.skip("device= needs a CUDA GPU")
+    ds = nft.WindowDataset(src, 5, shuffle=shuffle, seed=3, epoch=1, memory_budget=BUDGET, device="cuda")
+    busy = torch.randn((2048, 2048), device="cuda")
+    for epoch in (1, 2):
+        got = []
+        for x, y in ds:
+            assert x.device.type == "cuda" and y.device.type == "cuda"
+            for _ in range(3):  # work queued before the next copy's wait
+                busy = torch.tanh(busy @ busy) / 2048
+            got.append((x.cpu(), y.cpu()))
+        _assert_same(got, _expected(src, epoch, shuffle=shuffle, seed=3))
+    assert ds.epoch == 3
+
+
 RANK = """
 import sys
 import numpy as np

@@ -16,6 +16,8 @@ The position is kept in the epoch cursor the Keras adapter shares (``npyfeed._ep
 
 from __future__ import annotations
 
+import collections
+
 from ._epochs import EpochCursor
 from .plan import DEFAULT_MEMORY_BUDGET
 
@@ -39,6 +41,19 @@ def _distributed() -> tuple:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _cuda_device(device):
+    """`device` as a ``torch.device`` of type cuda with its index (None stays None)."""
+    if device is None:
+        return None
+    d = torch.device(device)
+    if d.type != "cuda":
+        raise ValueError(f"npyfeed.torch.WindowDataset: device= takes a CUDA device, got {device!r} (without device= "
+                         "the batches are CPU tensors)")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"npyfeed.torch.WindowDataset: device={device!r}, but PyTorch sees no CUDA GPU")
+    return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
 
 
 class WindowDataset(IterableDataset):
@@ -71,12 +86,20 @@ class WindowDataset(IterableDataset):
         With ``shuffle="blocks"``: bytes of array data held at once (see `WindowSource.plan`; the same default).
     prefetch : int
         Batches gathered ahead of the one the loop takes.
+    device : str or torch.device, optional
+        A CUDA device to deliver the batches to: they are gathered into page-locked (pinned) buffers
+        (`Plan.batches` with ``pin_memory=True``) and copied to the device on a CUDA stream of their own, so the
+        copy of one batch runs while the GPU computes on the one before; the current stream waits for each
+        copy, and a buffer is gathered into again only after its copy is done. Default: CPU tensors that share
+        npyfeed's buffers.
 
     Notes
     -----
-    ``len(ds)`` is the number of batches per epoch. The tensors of a batch share its buffer (64-byte aligned,
-    owned by npyfeed, reused only when no tensor or array refers to it any more). ``pin_memory=True`` in the
-    ``DataLoader`` copies each batch once more, into pinned memory.
+    ``len(ds)`` is the number of batches per epoch. Without `device`, the tensors of a batch share its buffer
+    (64-byte aligned, owned by npyfeed, reused only when no tensor or array refers to it any more); a copy of
+    such a batch to a GPU reads ordinary memory (measured on an H200: 10 GB/s, against 52 GB/s page-locked),
+    and ``pin_memory=True`` in the ``DataLoader`` copies each batch once more on the host, into pinned memory.
+    `device` avoids both.
 
     A pass waiting for its batch when another thread closes it raises `npyfeed.ClosedError` (as
     `BatchIterator` does); the position stays at the batch it waited for.
@@ -92,7 +115,7 @@ class WindowDataset(IterableDataset):
     def __init__(self, src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, epoch: int = 0,
                  num_shards: int | None = None, shard_index: int | None = None, shard_by: str = "samples",
                  rank: int | None = None, world_size: int | None = None, drop_remainder: bool = False,
-                 memory_budget: int = DEFAULT_MEMORY_BUDGET, prefetch: int = 2):
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET, prefetch: int = 2, device=None):
         if (num_shards is not None or shard_index is not None) and (rank is not None or world_size is not None):
             raise ValueError("npyfeed.torch.WindowDataset: give num_shards=/shard_index= or their torch.distributed "
                              "names world_size=/rank=, not both")
@@ -105,6 +128,7 @@ class WindowDataset(IterableDataset):
                               shard_by=shard_by, drop_remainder=drop_remainder, memory_budget=memory_budget,
                               prefetch=prefetch)
         self._cursor = EpochCursor(len(self._plan), epoch)
+        self._device = _cuda_device(device)
 
     def stats(self) -> dict:
         """Live statistics of this dataset's plan (`npyfeed.Plan.stats`)."""
@@ -180,11 +204,41 @@ class WindowDataset(IterableDataset):
     def _epoch_batches(self):
         # The position is read at the first next(), so a load_state_dict() made after iter() still counts.
         epoch, start = self._cursor.next_pass()
+        if self._device is not None:
+            yield from self._device_batches(epoch, start)
+            return
         with self._plan.batches(epoch, start_batch=start) as batches:
             for b, (x, y) in enumerate(batches, start):
                 # Before the yield: the state a checkpoint takes after this batch is the next one.
                 self._cursor.served(b, epoch)
                 yield torch.from_numpy(x), torch.from_numpy(y)
+
+    def _device_batches(self, epoch: int, start: int):
+        """The batches copied to `self._device` from page-locked buffers on a stream of their own."""
+        device = self._device
+        copies = torch.cuda.Stream(device)
+        in_flight = collections.deque()  # (host batch, event after its copy): its buffer kept until the copy is done
+        limit = self._plan.prefetch + 1
+        with self._plan.batches(epoch, start_batch=start, pin_memory=True, pin_memory_device=device.index) as batches:
+            try:
+                for b, (x, y) in enumerate(batches, start):
+                    with torch.cuda.stream(copies):
+                        xd = torch.from_numpy(x).to(device, non_blocking=True)
+                        yd = torch.from_numpy(y).to(device, non_blocking=True)
+                        copied = torch.cuda.Event()
+                        copied.record(copies)
+                    in_flight.append(((x, y), copied))
+                    while in_flight and (len(in_flight) > limit or in_flight[0][1].query()):
+                        in_flight.popleft()[1].synchronize()
+                    current = torch.cuda.current_stream(device)
+                    current.wait_event(copied)
+                    xd.record_stream(current)  # allocated on the copy stream, used on this one
+                    yd.record_stream(current)
+                    self._cursor.served(b, epoch)
+                    yield xd, yd
+            finally:
+                copies.synchronize()  # the copies read npyfeed's buffers: done before they can be gathered into
+                in_flight.clear()
 
     def __reduce__(self):
         raise RuntimeError(_NO_WORKERS)
