@@ -122,3 +122,30 @@ def test_pin_memory_arguments(small):
         plan.batches(0, pin_memory_device=0)
     with pytest.raises(ValueError, match="pin_memory_device"):
         plan.batches(0, pin_memory=True, pin_memory_device=-1)
+
+
+def test_tf_dataset_pin_memory_adopts_pinned_buffers(small, runtime):
+    """npyfeed.tf.dataset(pin_memory=True): the tensors equal the numpy iterator's batches; take()'s streams
+    gathered into registered buffers, all undone once the dataset and its tensors are gone."""
+    tf = pytest.importorskip("tensorflow")
+    import npyfeed.tf as nftf
+
+    src = open_source(small, "mmap")
+    before = counts(runtime)["registers"]
+    ds = nftf.dataset(src, 7, shuffle=True, seed=3, pin_memory=True)  # for the first GPU
+    got = [(x.numpy(), y.numpy()) for x, y in ds]
+    c = counts(runtime)
+    assert c["registers"] > before and c["device"] == 0 and c["errors"] == 0, c
+    expected = list(src.batches(7, shuffle=True, seed=3))
+    assert len(got) == len(expected)
+    for (x, y), (ex, ey) in zip(got, expected):
+        np.testing.assert_array_equal(x, ex)
+        np.testing.assert_array_equal(y, ey)
+    del ds, got
+    gc.collect()
+    c = counts(runtime)
+    assert c["live"] == 0 and c["errors"] == 0, c
+    with pytest.raises(ValueError, match="gather='host' only"):
+        nftf.dataset(src, 7, gather="device", pin_memory=True)
+    assert [nftf._gpu_index(d) for d in (None, "/gpu:1", "/job:localhost/device:GPU:2", "/cpu:0")] == [0, 1, 2, 0]
+    assert tf.executing_eagerly()

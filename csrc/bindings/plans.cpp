@@ -196,6 +196,12 @@ void bind_plans(py::module_& m) {
           },
           py::arg("epoch"), py::arg("start_batch"), py::arg("prefetch"), py::arg("pin_device") = std::nullopt,
           py::arg("cuda_runtime") = "")
+      .def(
+          "pin_taken_batches",
+          [](EpochPlan& p, int device, const std::string& cuda_runtime) {
+            without_gil([&] { p.pin_taken_batches(PageLocker::open(cuda_runtime, device)); });
+          },
+          py::arg("device"), py::arg("cuda_runtime") = "")
       .def("close", [](EpochPlan& p) { without_gil([&] { p.close(); }); });
 }
 

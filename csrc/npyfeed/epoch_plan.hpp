@@ -118,6 +118,9 @@ class EpochPlan {
   /// of its wait. Throws IndexOutOfRange unless batch < num_batches(); rethrows a failed read or gather; throws
   /// Cancelled when close() comes from another thread while it waits.
   WindowBatch take(std::uint64_t epoch, std::size_t batch, const WhileWaiting& while_waiting = {});
+  /// From now on, the streams take() starts gather into memory page-locked through `locker` (null: ordinary
+  /// memory again); a stream already started keeps what it has. What npyfeed.tf's pin_memory sets.
+  void pin_taken_batches(std::shared_ptr<const PageLocker> locker);
   /// This plan's statistics: what take() and its streams served (also counted into the source's).
   const std::shared_ptr<PipelineStats>& stats() const noexcept { return stats_; }
   /// Streams take() started so far (for tests).
@@ -150,7 +153,9 @@ class EpochPlan {
   mutable std::mutex cache_mutex_;
   mutable std::shared_ptr<const BlockPlan> cached_plan_;
   mutable std::vector<BlockOrder> cached_blocks_;
-  std::optional<StreamAtPosition> at_position_;  // made once the batch count is known
+  mutable std::mutex locker_mutex_;
+  std::shared_ptr<const PageLocker> take_locker_;  // the page locker of take()'s streams, if any
+  std::optional<StreamAtPosition> at_position_;    // made once the batch count is known
 };
 
 }  // namespace npyfeed

@@ -109,7 +109,21 @@ EpochPlan::EpochPlan(std::shared_ptr<WindowSource> source, EpochSpec spec, std::
     num_batches_ = spec_.num_batches(shard_size_);
   }
   at_position_.emplace(
-      num_batches_, [this](std::uint64_t epoch, std::size_t batch) { return stream(epoch, batch, prefetch_); }, stats_);
+      num_batches_,
+      [this](std::uint64_t epoch, std::size_t batch) {
+        std::shared_ptr<const PageLocker> locker;
+        {
+          std::lock_guard lock(locker_mutex_);
+          locker = take_locker_;
+        }
+        return stream(epoch, batch, prefetch_, std::move(locker));
+      },
+      stats_);
+}
+
+void EpochPlan::pin_taken_batches(std::shared_ptr<const PageLocker> locker) {
+  std::lock_guard lock(locker_mutex_);
+  take_locker_ = std::move(locker);
 }
 
 EpochPlan::~EpochPlan() { close(); }

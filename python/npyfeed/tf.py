@@ -31,7 +31,7 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
             device: str | None = None, input_context=None, num_shards: int | None = None,
             shard_index: int | None = None, prefetch: int = 2, epoch: int = 0,
             memory_budget: int = DEFAULT_MEMORY_BUDGET, shard_by: str = "samples", gather: str = "host",
-            device_memory_budget: int | None = None, storage_dtype=None) -> tf.data.Dataset:
+            device_memory_budget: int | None = None, storage_dtype=None, pin_memory: bool = False) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(x, y)`` batches from `src`; each pass over it is a new epoch.
 
     Parameters
@@ -97,6 +97,13 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         GPU can still hand out (the unused part of its memory pool, or with memory growth the device's free
         memory: the rule is in the TensorFlow guide, ``gather="device"``), or of the memory available on the
         CPU device.
+    pin_memory : bool
+        With ``gather="host"``: gather into page-locked buffers registered once with the CUDA runtime TensorFlow
+        has loaded (`Plan.batches`' `pin_memory`), for the GPU `device` names (default: the first), so that
+        copying a batch to a GPU (``prefetch_to_device``, a strategy's replicas) reads it by DMA instead of
+        through the driver's staging buffer (on an H200 through PyTorch: 51.8 against 11.7 GB/s; TensorFlow's
+        own copy not measured on a GPU yet). The tensors adopt npyfeed's buffers as before; TensorFlow holds
+        each until its copy is done. ``RuntimeError`` without a CUDA runtime.
     storage_dtype : {"float16", "bfloat16", "float32", "float64"}, optional
         With ``gather="device"``: the type the arrays are held in on the device (default ``src.dtype``); half
         the memory with float16/bfloat16, batches still come in ``src.dtype`` (each value rounded to
@@ -126,6 +133,8 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
             f"gather must be 'host' or 'device', got {gather!r}")
     if gather == "host" and (device_memory_budget is not None or storage_dtype is not None):
         raise ValueError("device_memory_budget= and storage_dtype= apply to gather='device' only")
+    if gather == "device" and pin_memory:
+        raise ValueError("pin_memory= applies to gather='host' only (gather='device' sends start rows, not batches)")
     if input_context is not None and (num_shards is not None or shard_index is not None):
         raise ValueError("input_context= names this pipeline's shard itself: pass it, or num_shards=/shard_index=, "
                          "not both")
@@ -154,11 +163,19 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
                     drop_remainder=bool(drop_remainder), memory_budget=memory_budget, prefetch=prefetch,
                     shard_by=shard_by)
     if gather == "host":
+        if pin_memory:
+            plan._core.pin_taken_batches(_gpu_index(device), os.environ.get("NPYFEED_CUDA_RUNTIME", ""))
         return _tf_pipeline.host_pipeline(src, plan, batch_size, drop_remainder, epoch, device)
     if device_memory_budget is not None:
         device_memory_budget = _checks.positive(device_memory_budget, "device_memory_budget")
     return _tf_pipeline.device_pipeline(src, plan, batch_size, drop_remainder, epoch, device, storage_dtype,
                                         device_memory_budget)
+
+
+def _gpu_index(device: str | None) -> int:
+    """The CUDA ordinal a pipeline's batches go to: the GPU `device` names, else the first."""
+    spec = tf.DeviceSpec.from_string(device or "")
+    return int(spec.device_index or 0) if (spec.device_type or "").upper() == "GPU" else 0
 
 
 class StatsCallback(_stats.EpochStatsCallback, tf.keras.callbacks.Callback):
