@@ -165,3 +165,34 @@ def test_bench_gpu_quick_on_the_cpu(tmp_path):
     assert sent["device"] == 4 * 8 * batch < sent["npyfeed"]  # gather="device" sends start rows, not windows
     # Streamed: the start rows and, over an epoch, every block once (the tiny data set: a few batches' worth).
     assert 4 * 8 * batch < sent["streamed"] < sent["npyfeed"]
+
+
+def test_bench_gpu_torch_quick_on_the_cpu(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "gpu_torch.json"
+    proc = run_bench("bench_gpu_torch.py", tmp_path, "--device", "cpu", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "batches checked against the host's" in proc.stdout and "overlap pinned" in proc.stdout, proc.stdout
+    result = json.loads(out.read_text())
+    assert result["device"] == "cpu" and result["matmuls"] >= 1
+    assert result["checked_batches"] == 12  # the first 3 batches of every feed but the ready one
+    seconds = result["seconds_per_step"]
+    feeds = ("pageable", "staged", "pinned", "device", "ready")
+    assert set(seconds) == {"numpy", "h2d_pageable", "h2d_pinned", "compute", *(f"feed_{f}" for f in feeds),
+                            *(f"both_{f}" for f in feeds)}
+    assert all(v > 0 for v in seconds.values()), result
+    sent = result["host_to_device_bytes_per_step"]
+    assert sent["device"] == 4 * 8 * result["config"]["batch"] < sent["pageable"]
+
+
+def test_bench_streaming_quick(tmp_path):
+    out = tmp_path / "streaming.json"
+    proc = run_bench("bench_streaming.py", tmp_path, "--no-tf", "--json", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "on/off median" in proc.stdout, proc.stdout
+    summary = json.loads(out.read_text())["summary"]
+    for consumer in ("numpy", "numpy, batch read"):
+        for variant in ("off", "on"):
+            row = summary[f"{consumer}: {variant}"]
+            assert len(row["rates"]) == 1 and row["samples_per_s"] > 0 and 0 < row["x_limit"], row
+        assert len(summary[f"{consumer}: on/off"]) == 1

@@ -1,0 +1,179 @@
+"""Windows written around the caches: the gather's copies into a batch with streaming stores, and with memcpy.
+
+A batch of the users' shape (B=256 windows of (100, 256) float32: 26 MB) is larger than what the caches keep
+between the gather and its consumer; memcpy's stores first read every destination line in (a read for
+ownership) and push out the data still to be copied. From 16 MiB a batch, npyfeed writes the windows that need
+no conversion with non-temporal (streaming) stores instead (docs/windows.md); ``NPYFEED_STREAMING=0`` in the
+environment turns that off, which is the "before" here.
+
+One warm data set (default 60 keys of (4800, 256) float32, ~295 MB, W=100, B=256, mode="mmap"). Each round is a
+fresh process per variant (off, on), their order alternating between rounds; a process runs each consumer over
+the same source: the numpy iterator (``src.batches``, nothing read), the numpy iterator whose consumer reads the
+whole batch (``x.sum()``), and, with TensorFlow, ``npyfeed.tf.dataset`` read inside a ``tf.function``; each
+``--batches`` batches after one warm-up pass of them. Per variant and consumer: median samples/s, CPU ms per
+batch (all threads, getrusage), and on/off per round; beside them the machine's copy limit (``memcpy`` by
+``--threads`` threads, as samples/s of W*F*4 bytes) measured in the same run.
+
+```
+python bench/bench_streaming.py --dir /tmp/streaming-data [--rounds 6] [--json out.json]
+python bench/bench_streaming.py --quick          # seconds: a smoke run, numbers meaningless
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+VARIANTS = {"off": "0", "on": None}  # NPYFEED_STREAMING: "0", or unset (the default: on from 16 MiB a batch)
+CONSUMERS = ("numpy", "numpy, batch read", "tf.function")
+
+
+def child(cfg: dict) -> dict:
+    """One process: each consumer over one source, after a warm-up of the same length. Printed as JSON."""
+    import npyfeed
+
+    src = npyfeed.WindowSource(cfg["index_paths"], cfg["factor_dir"], cfg["label_dir"], cfg["window"],
+                               mode="mmap", threads=cfg["threads"])
+    batch, batches = cfg["batch"], cfg["batches"]
+    epoch = [0]
+
+    def numpy_rows(read: bool):
+        def run() -> int:
+            epoch[0] += 1
+            n = 0
+            for i, (x, _y) in enumerate(src.batches(batch, shuffle=True, epoch=epoch[0])):
+                n += len(x)
+                if read:
+                    float(x.sum())
+                if i + 1 == batches:
+                    break
+            return n
+        return run
+
+    runs = {"numpy": numpy_rows(False), "numpy, batch read": numpy_rows(True)}
+    if cfg["tf"]:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import npyfeed.tf as nftf
+        import tensorflow as tf
+
+        iterator = iter(nftf.dataset(src, batch, shuffle=True).repeat())
+
+        @tf.function
+        def consume(steps):
+            samples = tf.constant(0, tf.int64)
+            for _ in tf.range(steps):
+                x, _y = next(iterator)
+                samples += tf.shape(x, out_type=tf.int64)[0]
+            return samples
+
+        runs["tf.function"] = lambda: int(consume(tf.constant(batches, tf.int64)))
+    out = {"load": os.getloadavg()[0], "consumers": {}}
+    for name, run in runs.items():
+        run()  # warm-up: mappings, buffers, tracing
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        n = run()
+        seconds, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+        cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+        out["consumers"][name] = {"samples_per_s": n / seconds, "cpu_ms_per_batch": 1e3 * cpu / (n / batch)}
+    return out
+
+
+def run_child(cfg: dict, streaming: str | None) -> dict:
+    env = dict(os.environ, NPYFEED_CACHE_DIR=cfg["cache_dir"])
+    env.pop("NPYFEED_STREAMING", None)
+    if streaming is not None:
+        env["NPYFEED_STREAMING"] = streaming
+    r = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], env=env, capture_output=True,
+                       text=True, cwd="/")
+    if r.returncode != 0:
+        raise SystemExit(f"child (NPYFEED_STREAMING={streaming}) failed with {r.returncode}:\n{r.stdout}\n{r.stderr}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    import common
+
+    if common.serve_child(argv, child):
+        return 0
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_data_args(p, files=60, rows=4800, cols=256, dtype="float32")
+    p.set_defaults(repeats=6)
+    p.add_argument("--rounds", dest="repeats", type=int, help="rounds, each variant once per round (default 6)")
+    p.add_argument("--batches", type=int, default=384, help="batches per consumer and process (default 384)")
+    p.add_argument("--window", type=int, default=100)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--no-tf", action="store_true", help="skip the tf.function consumer (no TensorFlow import)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.files, args.rows, args.cols, args.repeats, args.batch, args.batches = 3, 400, 16, 1, 32, 4
+    threads = common.resolve_threads(args.threads)
+    try:
+        import tensorflow  # noqa: F401
+        use_tf = not args.no_tf
+    except ImportError:
+        use_tf = False
+
+    spec = common.DataSpec(files=args.files, rows=args.rows, cols=args.cols, dtype=args.dtype, label_cols=2,
+                           window=max(args.window, 100))
+    ds = common.make_dataset(args.dir, spec)
+    factor_dir, label_dir = common.link_dir(Path(args.dir) / "streaming-links" / spec.name, ds)
+    cfg = {"index_paths": ds.index_paths, "factor_dir": factor_dir, "label_dir": label_dir, "window": args.window,
+           "threads": threads, "batch": args.batch, "batches": args.batches, "tf": use_tf,
+           "cache_dir": str(Path(args.dir).resolve() / "streaming-cache")}
+    sample_bytes = args.window * args.cols * 4
+    print(f"streaming stores off/on: {spec.files} x ({spec.rows}, {spec.cols}) {spec.dtype}, W={args.window}, "
+          f"B={args.batch} ({args.batch * sample_bytes / 2**20:.1f} MiB a batch of x), threads={threads}, "
+          f"{args.batches} batches per consumer, {args.repeats} rounds", flush=True)
+    common.warm(ds.factor_paths + ds.label_paths)
+    runs = {v: [] for v in VARIANTS}
+    limits = []
+    for r in range(args.repeats):
+        limits.append(common.memcpy_bandwidth(threads) * common.GB / sample_bytes)
+        for v in (list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))):
+            runs[v].append(run_child(cfg, VARIANTS[v]))
+        print(f"  round {r + 1}: " + "  ".join(
+            f"{v}: " + " / ".join(f"{c['samples_per_s']:,.0f}" for c in runs[v][-1]["consumers"].values())
+            for v in VARIANTS) + f"  load {os.getloadavg()[0]:.2f}", flush=True)
+    limit = max(limits)
+
+    consumers = [c for c in CONSUMERS if c in runs["on"][0]["consumers"]]
+    header = ["consumer", "streaming", "samples/s (median)", "CPU ms/batch", "x copy limit", "on/off per round",
+              "on/off median"]
+    rows, summary = [], {}
+    for c in consumers:
+        ratios = [on["consumers"][c]["samples_per_s"] / off["consumers"][c]["samples_per_s"]
+                  for on, off in zip(runs["on"], runs["off"])]
+        for v in VARIANTS:
+            rate = statistics.median(x["consumers"][c]["samples_per_s"] for x in runs[v])
+            cpu = statistics.median(x["consumers"][c]["cpu_ms_per_batch"] for x in runs[v])
+            summary[f"{c}: {v}"] = {"samples_per_s": rate, "cpu_ms_per_batch": cpu, "x_limit": rate / limit,
+                                    "rates": [x["consumers"][c]["samples_per_s"] for x in runs[v]]}
+            last = v == "on"
+            rows.append([c, v, f"{rate:,.0f}", f"{cpu:.2f}", f"{rate / limit:.2f}",
+                         " / ".join(f"{q:.2f}" for q in ratios) if last else "",
+                         f"{statistics.median(ratios):.3f}" if last else ""])
+        summary[f"{c}: on/off"] = ratios
+    print()
+    print(common.format_table(header, rows, align="ll" + "r" * (len(header) - 2)))
+    loads = [x["load"] for v in VARIANTS for x in runs[v]]
+    print(f"\ncopy limit: memcpy by {threads} threads, best of the rounds: {limit:,.0f} samples/s "
+          f"({limit * sample_bytes / common.GB:.2f} GB/s); load seen by the children {min(loads):.2f}-{max(loads):.2f} "
+          f"on {common.machine_info()['cpus']} CPUs")
+    if args.json:
+        common.write_json(args.json, {"args": vars(args), "machine": common.machine_info(), "limit": limit,
+                                      "limits": limits, "summary": summary, "runs": runs})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
