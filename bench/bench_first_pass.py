@@ -22,11 +22,9 @@ python bench/bench_first_pass.py --quick          # seconds: a smoke run, number
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -105,11 +103,9 @@ def mapping_cost(paths: list) -> dict:
 def run_child(cfg: dict, populate: str) -> dict:
     env = dict(os.environ, NPYFEED_POPULATE=populate, NPYFEED_CACHE_DIR=cfg["cache_dir"])
     env.setdefault("OMP_NUM_THREADS", "1")
-    r = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], env=env, capture_output=True,
-                       text=True, cwd="/")
-    if r.returncode != 0:
-        raise SystemExit(f"child (NPYFEED_POPULATE={populate}) failed with {r.returncode}:\n{r.stdout}\n{r.stderr}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    import common
+
+    return common.run_child(__file__, cfg, env, f"NPYFEED_POPULATE={populate}")
 
 
 def main(argv=None) -> int:

@@ -37,7 +37,6 @@ script: those numbers mean nothing).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -52,15 +51,7 @@ MAX_MATMULS = 4096  # a bound on K, whatever the calibration says
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    common.add_data_args(p, files=120, rows=4800, cols=256, dtype="float32")
-    g = p.add_argument_group("gpu")
-    g.add_argument("--device", default=None, help="device to feed (default: the first GPU; /cpu:0 for a smoke run)")
-    g.add_argument("--window", type=int, default=100, help="window W (default 100)")
-    g.add_argument("--batch", type=int, default=256, help="batch size B (default 256)")
-    g.add_argument("--steps", type=int, default=200, help="steps per measurement (default 200)")
+    p = common.gpu_parser(__doc__, "device to feed (default: the first GPU; /cpu:0 for a smoke run)")
     return p.parse_args(argv)
 
 

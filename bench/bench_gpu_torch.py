@@ -35,7 +35,6 @@ GPU and without ``--device`` it says so and exits 0.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -52,16 +51,7 @@ FEEDS = ("pageable", "staged", "pinned", "device", "ready")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    common.add_data_args(p, files=120, rows=4800, cols=256, dtype="float32")
-    g = p.add_argument_group("gpu")
-    g.add_argument("--device", default=None, help="torch device (default: cuda:0; cpu for a smoke run)")
-    g.add_argument("--window", type=int, default=100, help="window W (default 100)")
-    g.add_argument("--batch", type=int, default=256, help="batch size B (default 256)")
-    g.add_argument("--steps", type=int, default=200, help="steps per measurement (default 200)")
-    return p.parse_args(argv)
+    return common.gpu_parser(__doc__, "torch device (default: cuda:0; cpu for a smoke run)").parse_args(argv)
 
 
 class Feeds:

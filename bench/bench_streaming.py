@@ -23,11 +23,9 @@ python bench/bench_streaming.py --quick          # seconds: a smoke run, numbers
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -91,11 +89,9 @@ def run_child(cfg: dict, streaming: str | None) -> dict:
     env.pop("NPYFEED_STREAMING", None)
     if streaming is not None:
         env["NPYFEED_STREAMING"] = streaming
-    r = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], env=env, capture_output=True,
-                       text=True, cwd="/")
-    if r.returncode != 0:
-        raise SystemExit(f"child (NPYFEED_STREAMING={streaming}) failed with {r.returncode}:\n{r.stdout}\n{r.stderr}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    import common
+
+    return common.run_child(__file__, cfg, env, f"NPYFEED_STREAMING={streaming}")
 
 
 def main(argv=None) -> int:

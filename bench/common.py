@@ -26,6 +26,7 @@ import mmap
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -426,6 +427,31 @@ def serve_child(argv, child: Callable[[dict], dict]) -> bool:
         return False
     print(json.dumps(child(json.loads(known.child))))
     return True
+
+
+def run_child(script: str, cfg: dict, env: dict, what: str) -> dict:
+    """The parent half of `serve_child`: `script` run in a fresh Python with ``--child JSON(cfg)``, environment
+    `env`, from ``/`` (so that the installed npyfeed is imported, not a checkout's); returns the JSON it printed
+    last. Exits naming `what` with the child's output when it fails."""
+    r = subprocess.run([sys.executable, script, "--child", json.dumps(cfg)], env=env, capture_output=True, text=True,
+                       cwd="/")
+    if r.returncode != 0:
+        raise SystemExit(f"child ({what}) failed with {r.returncode}:\n{r.stdout}\n{r.stderr}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def gpu_parser(doc: str, device_help: str) -> argparse.ArgumentParser:
+    """The GPU benchmarks' command line: the data set flags (the users' shape, 120 keys) and --device (with
+    `device_help`), --window, --batch, --steps; `doc` is the script's docstring."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=doc.split("\n\n", 1)[1])
+    add_data_args(p, files=120, rows=4800, cols=256, dtype="float32")
+    g = p.add_argument_group("gpu")
+    g.add_argument("--device", default=None, help=device_help)
+    g.add_argument("--window", type=int, default=100, help="window W (default 100)")
+    g.add_argument("--batch", type=int, default=256, help="batch size B (default 256)")
+    g.add_argument("--steps", type=int, default=200, help="steps per measurement (default 200)")
+    return p
 
 
 def write_json(path: str | os.PathLike, payload: dict) -> None:
