@@ -45,6 +45,7 @@ def runtime(fake_runtime, monkeypatch):
     path, lib = fake_runtime
     monkeypatch.setenv("NPYFEED_CUDA_RUNTIME", path)
     lib.fake_fail_with(0)
+    lib.fake_fail_set_device(0)
     gc.collect()
     assert counts(lib)["live"] == 0, "a previous test left buffers registered"
     return lib
@@ -109,6 +110,14 @@ def test_refused_registration_raises_with_the_runtime_message(small, runtime):
     np.testing.assert_array_equal(x, ex)
 
 
+def test_a_device_that_cannot_be_made_current_is_refused_when_the_stream_is_made(small, runtime):
+    src = open_source(small, "mmap")
+    runtime.fake_fail_set_device(35)
+    with pytest.raises(RuntimeError, match="cannot make CUDA device 1 current: CUDA driver version is insufficient"):
+        src.plan(5).batches(0, pin_memory=True, pin_memory_device=1)
+    runtime.fake_fail_set_device(0)
+
+
 def test_missing_runtime_raises_naming_it(small, monkeypatch):
     monkeypatch.setenv("NPYFEED_CUDA_RUNTIME", "/nonexistent/libcudart.so.99")
     src = open_source(small, "mmap", threads=THREADS)
@@ -147,5 +156,9 @@ def test_tf_dataset_pin_memory_adopts_pinned_buffers(small, runtime):
     assert c["live"] == 0 and c["errors"] == 0, c
     with pytest.raises(ValueError, match="gather='host' only"):
         nftf.dataset(src, 7, gather="device", pin_memory=True)
+    runtime.fake_fail_set_device(35)  # refused where the pipeline is made, not at its first batch
+    with pytest.raises(RuntimeError, match="cannot make CUDA device 2 current"):
+        nftf.dataset(src, 7, pin_memory=True, device="/gpu:2")
+    runtime.fake_fail_set_device(0)
     assert [nftf._gpu_index(d) for d in (None, "/gpu:1", "/job:localhost/device:GPU:2", "/cpu:0")] == [0, 1, 2, 0]
     assert tf.executing_eagerly()

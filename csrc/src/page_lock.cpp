@@ -70,6 +70,9 @@ PageLocker::PageLocker(CudaHostApi api, int device, std::string library)
     if (error != 0) throw Error("npyfeed: pin_memory: cannot tell the current CUDA device: " + error_text(api_, error));
   }
   if (device_ < 0) throw InvalidArgument("npyfeed: pin_memory: a CUDA device is an ordinal >= 0");
+  // A device that cannot be made current (none there, a driver too old) is refused here, where the pipeline is
+  // made, not at its first batch.
+  CurrentDevice probe(api_, device_);
 }
 
 std::shared_ptr<const PageLocker> PageLocker::open(const std::string& library, int device) {

@@ -14,7 +14,7 @@
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static uintptr_t starts[MAX_RANGES];
 static size_t sizes[MAX_RANGES];
-static int live, registers, unregisters, errors, fail_with, device_at_register = -1;
+static int live, registers, unregisters, errors, fail_with, fail_set_device, device_at_register = -1;
 static __thread int current_device = 0;
 
 int cudaGetDevice(int* device) {
@@ -23,6 +23,7 @@ int cudaGetDevice(int* device) {
 }
 
 int cudaSetDevice(int device) {
+  if (fail_set_device) return fail_set_device;
   current_device = device;
   return 0;
 }
@@ -71,7 +72,9 @@ int cudaHostUnregister(void* ptr) {
   return 0;
 }
 
-const char* cudaGetErrorString(int error) { return error == 2 ? "out of memory" : "unknown error"; }
+const char* cudaGetErrorString(int error) {
+  return error == 2 ? "out of memory" : error == 35 ? "CUDA driver version is insufficient" : "unknown error";
+}
 
 /* The test's view: live ranges, registers, unregisters, errors, the device current at the last register. */
 void fake_counts(int* out) {
@@ -83,6 +86,8 @@ void fake_counts(int* out) {
   out[4] = device_at_register;
   pthread_mutex_unlock(&lock);
 }
+
+void fake_fail_set_device(int error) { fail_set_device = error; }
 
 void fake_fail_with(int error) {
   pthread_mutex_lock(&lock);
