@@ -71,12 +71,7 @@ def main(argv=None) -> int:
             return 0
         device = gpus[0].name
     threads = common.resolve_threads(args.threads)
-    spec = common.DataSpec(files=args.files, rows=args.rows, cols=args.cols, dtype=args.dtype, stocks=1,
-                           window=args.window)
-    ds = common.make_dataset(args.dir, spec)
-    common.warm(ds.factor_paths + ds.label_paths)
-    src = npyfeed.WindowSource(ds.index_paths[0], str(ds.factor_dir("S000")), str(ds.label_dir("S000")),
-                               args.window, mode="mmap", threads=threads)
+    ds, src = common.gpu_source(args, threads)
     batch_bytes = args.batch * args.window * args.cols * 4
     data_bytes = sum(os.path.getsize(p) for p in ds.factor_paths + ds.label_paths)
     per_epoch = len(src) // args.batch

@@ -168,12 +168,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     threads = common.resolve_threads(args.threads)
-    spec = common.DataSpec(files=args.files, rows=args.rows, cols=args.cols, dtype=args.dtype, stocks=1,
-                           window=args.window)
-    ds = common.make_dataset(args.dir, spec)
-    common.warm(ds.factor_paths + ds.label_paths)
-    src = npyfeed.WindowSource(ds.index_paths[0], str(ds.factor_dir("S000")), str(ds.label_dir("S000")),
-                               args.window, mode="mmap", threads=threads)
+    _, src = common.gpu_source(args, threads)
     plan = src.plan(args.batch, shuffle=True, seed=0, drop_remainder=True)
     if len(plan) < 2 * args.steps + 20:
         raise SystemExit(f"{len(plan)} batches per epoch: too few for {args.steps} steps; add --files")

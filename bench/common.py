@@ -454,6 +454,20 @@ def gpu_parser(doc: str, device_help: str) -> argparse.ArgumentParser:
     return p
 
 
+def gpu_source(args, threads: int) -> tuple:
+    """The GPU benchmarks' data (`gpu_parser`'s flags): (the data set, made or reused and warmed, a mapped
+    WindowSource over it with `threads` threads)."""
+    import npyfeed  # noqa: PLC0415
+
+    spec = DataSpec(files=args.files, rows=args.rows, cols=args.cols, dtype=args.dtype, stocks=1,
+                    window=args.window)
+    ds = make_dataset(args.dir, spec)
+    warm(ds.factor_paths + ds.label_paths)
+    src = npyfeed.WindowSource(ds.index_paths[0], str(ds.factor_dir("S000")), str(ds.label_dir("S000")),
+                               args.window, mode="mmap", threads=threads)
+    return ds, src
+
+
 def write_json(path: str | os.PathLike, payload: dict) -> None:
     """`payload` as JSON, with the command line and the date (UTC) of the run added."""
     payload = {"command": " ".join(["python3", *sys.argv]),
