@@ -187,21 +187,18 @@ void bind_plans(py::module_& m) {
       .def(
           "stream",
           [](const std::shared_ptr<EpochPlan>& p, std::uint64_t epoch, std::size_t start_batch, std::size_t prefetch,
-             std::optional<int> pin_device, const std::string& cuda_runtime) {
+             std::optional<int> pin_device) {
             auto stream = without_gil([&] {
-              auto locker = pin_device ? PageLocker::open(cuda_runtime, *pin_device) : nullptr;
+              auto locker = pin_device ? PageLocker::open("", *pin_device) : nullptr;
               return p->stream(epoch, start_batch, prefetch, std::move(locker));
             });
             return std::make_unique<PyStream>(p, std::move(stream));
           },
-          py::arg("epoch"), py::arg("start_batch"), py::arg("prefetch"), py::arg("pin_device") = std::nullopt,
-          py::arg("cuda_runtime") = "")
+          py::arg("epoch"), py::arg("start_batch"), py::arg("prefetch"), py::arg("pin_device") = std::nullopt)
       .def(
           "pin_taken_batches",
-          [](EpochPlan& p, int device, const std::string& cuda_runtime) {
-            without_gil([&] { p.pin_taken_batches(PageLocker::open(cuda_runtime, device)); });
-          },
-          py::arg("device"), py::arg("cuda_runtime") = "")
+          [](EpochPlan& p, int device) { without_gil([&] { p.pin_taken_batches(PageLocker::open("", device)); }); },
+          py::arg("device"))
       .def("close", [](EpochPlan& p) { without_gil([&] { p.close(); }); });
 }
 

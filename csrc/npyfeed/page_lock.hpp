@@ -30,9 +30,9 @@ class PageLocker {
   /// calling thread's current device, asked now); `library` names where the functions came from, for messages.
   PageLocker(CudaHostApi api, int device, std::string library);
   /// The CUDA runtime library loaded in this process: `library` when not empty (a path or a file name, as
-  /// dlopen takes it), else the first of libcudart.so.13, .12, .11.0 and libcudart.so that is already loaded
-  /// (by PyTorch, TensorFlow, CuPy), else the first that loads. Throws Error naming what was tried when none
-  /// has the functions.
+  /// dlopen takes it), else the environment's NPYFEED_CUDA_RUNTIME when set, else the first of
+  /// libcudart.so.13, .12, .11.0 and libcudart.so that is already loaded (by PyTorch, TensorFlow, CuPy), else
+  /// the first that loads. Throws Error naming what was tried when none has the functions.
   static std::shared_ptr<const PageLocker> open(const std::string& library, int device);
 
   /// Page-locks [data, data + size) for every CUDA context (cudaHostRegisterPortable), with this locker's

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <utility>
 
 #include "npyfeed/errors.hpp"
@@ -76,29 +77,27 @@ PageLocker::PageLocker(CudaHostApi api, int device, std::string library)
 }
 
 std::shared_ptr<const PageLocker> PageLocker::open(const std::string& library, int device) {
-  std::string tried;
+  // A library that loads but lacks the functions is not a CUDA runtime: passed over, like one that is not there.
   auto attempt = [&](const std::string& name, int flags) -> std::shared_ptr<const PageLocker> {
     void* handle = ::dlopen(name.c_str(), flags);
-    if (!handle) return nullptr;
     CudaHostApi api;
-    if (!resolve(handle, api)) {
-      tried += (tried.empty() ? "" : ", ") + name + " (no cudaHostRegister)";
-      return nullptr;
-    }
+    if (!handle || !resolve(handle, api)) return nullptr;
     return std::make_shared<const PageLocker>(api, device, name);
   };
-  if (!library.empty()) {
-    if (auto locker = attempt(library, RTLD_NOW | RTLD_LOCAL)) return locker;
-    const char* why = ::dlerror();
-    throw Error("npyfeed: pin_memory: cannot use the CUDA runtime " + library + ": " +
-                (tried.empty() ? std::string(why ? why : "cannot load it") : tried));
+  const char* from_env = std::getenv("NPYFEED_CUDA_RUNTIME");
+  const std::string named = !library.empty() ? library : (from_env != nullptr ? from_env : "");
+  if (!named.empty()) {
+    if (auto locker = attempt(named, RTLD_NOW | RTLD_LOCAL)) return locker;
+    throw Error("npyfeed: pin_memory: " + named + " is not a CUDA runtime that can be loaded (no such library, or no " +
+                "cudaHostRegister in it)");
   }
   for (const char* name : kRuntimeNames) {  // one the process has loaded already: the framework's own
     if (auto locker = attempt(name, RTLD_NOW | RTLD_NOLOAD)) return locker;
   }
+  std::string tried;
   for (const char* name : kRuntimeNames) {
     if (auto locker = attempt(name, RTLD_NOW | RTLD_LOCAL)) return locker;
-    if (tried.find(name) == std::string::npos) tried += (tried.empty() ? "" : ", ") + std::string(name);
+    tried += (tried.empty() ? "" : ", ") + std::string(name);
   }
   throw Error(
       "npyfeed: pin_memory needs the CUDA runtime (libcudart), loaded by PyTorch, TensorFlow or CuPy or "

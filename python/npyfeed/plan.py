@@ -6,7 +6,6 @@ and `npyfeed.tf.dataset` all go through it, so every consumer sees the same batc
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -116,8 +115,8 @@ class Plan:
             raise ValueError("pin_memory_device is for pin_memory=True")
         if self.shuffle is True:
             self._source._warn_larger_than_memory()
-        stream = self._core.stream(epoch, start_batch, prefetch, pin_device, os.environ.get("NPYFEED_CUDA_RUNTIME", ""))
-        return BatchIterator(self._source, stream, total - start_batch, self._core.stats)
+        return BatchIterator(self._source, self._core.stream(epoch, start_batch, prefetch, pin_device), total - start_batch,
+                             self._core.stats)
 
     def stats(self) -> dict:
         """Live statistics of this plan: what `take` and its iterators served, how long the consumer waited for

@@ -165,7 +165,7 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     if gather == "host":
         if pin_memory:
             tf.config.list_physical_devices("GPU")  # TensorFlow loads its CUDA runtime, which the pinning uses
-            plan._core.pin_taken_batches(_gpu_index(device), os.environ.get("NPYFEED_CUDA_RUNTIME", ""))
+            plan._core.pin_taken_batches(_gpu_index(device))
         return _tf_pipeline.host_pipeline(src, plan, batch_size, drop_remainder, epoch, device)
     if device_memory_budget is not None:
         device_memory_budget = _checks.positive(device_memory_budget, "device_memory_budget")
