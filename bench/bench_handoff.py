@@ -8,6 +8,10 @@ B=256, (4800, 256) float32 files, ``shuffle=True``, mode ``"mmap"``):
 * **tf.function**: ``next(iterator)`` in a traced loop (Keras ``fit``'s train function, a custom step);
 * **fit**: ``model.fit(ds, steps_per_epoch=...)`` on a tiny model (the last window row through a Dense layer),
   so that the step is input-bound;
+* **numpy nice** / **tf.function nice** / **fit nice**: the same over a source made with ``nice=N``
+  (``--nice``, default 5): npyfeed's workers below the consumer's threads, so that where the gather saturates
+  the cores, the consumer's step (Keras' Python, TensorFlow's executor) runs as soon as it can and the gather
+  takes what is left (their ratios are to the plain numpy row);
 * **floor eager** / **floor tf.function**: a dataset that hands out one pre-made batch
   (``from_tensors(...).repeat()``, autotuning off as in npyfeed's pipelines): TensorFlow's own cost per element,
   with nothing gathered.
@@ -51,18 +55,22 @@ import common  # noqa: E402
 
 ROWS = ("numpy", "eager", "tf.function", "fit", "fit steps_per_execution=32", "floor eager", "floor tf.function",
         "floor fit", "floor fit steps_per_execution=32", "device eager", "device tf.function",
-        "device streamed tf.function")
-TARGETS = {"eager": 0.9, "tf.function": 0.95, "fit": 0.9, "fit steps_per_execution=32": 0.9}
+        "device streamed tf.function", "numpy nice", "tf.function nice", "fit nice")
+TARGETS = {"eager": 0.9, "tf.function": 0.95, "fit": 0.9, "fit steps_per_execution=32": 0.9, "tf.function nice": 0.95,
+           "fit nice": 0.9}
 #: The floor of each row: the same consumer over a dataset that hands out one pre-made batch.
 FLOORS = {"eager": "floor eager", "tf.function": "floor tf.function", "fit": "floor fit",
-          "fit steps_per_execution=32": "floor fit steps_per_execution=32"}
+          "fit steps_per_execution=32": "floor fit steps_per_execution=32", "tf.function nice": "floor tf.function",
+          "fit nice": "floor fit"}
 
 
-def _thread_cpu() -> dict:
+def _thread_cpu() -> tuple:
     """CPU seconds so far of this process, by group: npyfeed's workers, the main thread, the rest (TensorFlow's
-    threads, including those that ended: the process's total less the two others)."""
+    threads, including those that ended: the process's total less the two others), and under "workers" each
+    npyfeed worker's (CPU seconds, niceness) by thread id."""
     tick = os.sysconf("SC_CLK_TCK")
     out = {"gather": 0.0, "main": 0.0}
+    workers = {}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
@@ -76,9 +84,15 @@ def _thread_cpu() -> dict:
             out["main"] += seconds
         elif comm.startswith("npyfeed"):
             out["gather"] += seconds
+            workers[tid] = (seconds, int(fields[16]))  # stat field 19: nice
     usage = resource.getrusage(resource.RUSAGE_SELF)
     out["tensorflow"] = usage.ru_utime + usage.ru_stime - out["gather"] - out["main"]
-    return out
+    return out, workers
+
+
+def _niceness_of_busy_workers(before: dict, after: dict) -> list:
+    """The niceness values of the npyfeed workers that ran between two `_thread_cpu` readings."""
+    return sorted({nice for tid, (seconds, nice) in after.items() if seconds > before.get(tid, (0.0, 0))[0]})
 
 
 def child(cfg: dict) -> dict:
@@ -118,14 +132,25 @@ def child(cfg: dict) -> dict:
 
     epoch = [0]
 
-    def numpy_rows():
-        n = 0
-        epoch[0] += 1
-        for i, (x, _y) in enumerate(src.batches(batch, shuffle=True, epoch=epoch[0])):
-            n += len(x)
-            if i + 1 == batches:
-                return n
-        return n
+    def numpy_rows(source):
+        def run():
+            n = 0
+            epoch[0] += 1
+            for i, (x, _y) in enumerate(source.batches(batch, shuffle=True, epoch=epoch[0])):
+                n += len(x)
+                if i + 1 == batches:
+                    return n
+            return n
+        return run
+
+    # The same files, the workers at niceness `nice` (a pool of their own); made when a row asks for them.
+    niced = []
+
+    def niced_source():
+        if not niced:
+            niced.append(npyfeed.WindowSource([cfg["index"]], cfg["factor_dir"], cfg["label_dir"], window, mode="mmap",
+                                              nice=cfg["nice"]))
+        return niced[0]
 
     x_shape, y_shape = (batch, *src.x_shape), (batch, *src.y_shape)
     floor = tf.data.Dataset.from_tensors((tf.zeros(x_shape), tf.zeros(y_shape))).repeat()
@@ -177,24 +202,32 @@ def child(cfg: dict) -> dict:
             return made[0]()
         return run
 
-    runs = {"numpy": numpy_rows, "eager": eager_loop(ds), "tf.function": in_function(ds), "fit": fit(ds, 1, "fit"),
+    def niced_dataset():
+        return nftf.dataset(niced_source(), batch, shuffle=True).repeat()
+
+    runs = {"numpy": numpy_rows(src), "eager": eager_loop(ds), "tf.function": in_function(ds), "fit": fit(ds, 1, "fit"),
             "fit steps_per_execution=32": fit(ds, 32, "fit steps_per_execution=32"),
             "floor eager": eager_loop(floor), "floor tf.function": in_function(floor),
             "floor fit": fit(floor, 1, "floor fit"),
             "floor fit steps_per_execution=32": fit(floor, 32, "floor fit steps_per_execution=32"),
             "device eager": lazily(device_dataset(False), eager_loop),
             "device tf.function": lazily(device_dataset(False), in_function),
-            "device streamed tf.function": lazily(device_dataset(True), in_function)}
+            "device streamed tf.function": lazily(device_dataset(True), in_function),
+            "numpy nice": lambda: numpy_rows(niced_source())(),
+            "tf.function nice": lazily(niced_dataset, in_function),
+            "fit nice": lazily(niced_dataset, lambda dataset: fit(dataset, 1, "fit nice"))}
     for name in cfg["order"]:  # warm-up: caches, tracing, Keras' first step
         runs[name]()
     out = {}
     for name in cfg["order"]:
-        cpu0, t0 = _thread_cpu(), time.perf_counter()
+        time.sleep(cfg["settle"])  # the previous row's threads wind down (its pool's, TensorFlow's)
+        (cpu0, workers0), t0 = _thread_cpu(), time.perf_counter()
         samples = runs[name]()
-        seconds, cpu1 = time.perf_counter() - t0, _thread_cpu()
+        seconds, (cpu1, workers1) = time.perf_counter() - t0, _thread_cpu()
         steps = samples / batch
         out[name] = {"samples_per_s": samples / seconds,
                      "cpu_ms_per_batch": {k: 1e3 * (cpu1[k] - cpu0[k]) / steps for k in cpu0},
+                     "worker_nice": _niceness_of_busy_workers(workers0, workers1),
                      "load": os.getloadavg()[0]}
         if name in end_lag:
             out[name]["end_lag_s"] = end_lag[name]
@@ -221,13 +254,16 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--batches", type=int, default=384, help="batches per row and round (a multiple of 32)")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--settle", type=float, default=1.0,
+                   help="seconds of pause before each timed row, so that no row runs in the tail of the one before")
+    p.add_argument("--nice", type=int, default=5, help="the workers' niceness in the 'nice' rows")
     p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
     p.add_argument("--baseline", metavar="DIR", help="another npyfeed install to run beside this one")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--quick", action="store_true", help="a tiny run that only checks the script works")
     args = p.parse_args(argv)
     if args.quick:
-        args.keys, args.batches, args.rounds = 2, 32, 1
+        args.keys, args.batches, args.rounds, args.settle = 2, 32, 1, 0.0
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return 0
@@ -249,7 +285,8 @@ def main(argv=None) -> int:
         for name, path in (builds if r % 2 == 0 else builds[::-1]):
             cfg = {"index": str(base / "index.txt"), "factor_dir": str(base / "factor"),
                    "label_dir": str(base / "label"), "window": args.window, "batch": args.batch,
-                   "batches": args.batches, "order": order}
+                   "batches": args.batches, "order": order, "nice": args.nice,
+                   "settle": args.settle}
             results[name].append(_run_child(cfg, path))
             got = results[name][-1]
             print(f"round {r + 1} {name:10s} load {got[rows[0]]['load']:.1f}: " + "  ".join(

@@ -6,6 +6,7 @@ bench_windows.py has its own smoke test (test_bench_windows_smoke.py).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -141,11 +142,19 @@ def test_bench_handoff_quick(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "x numpy median" in proc.stdout and "x cap" in proc.stdout, proc.stdout
     rows = json.loads(out.read_text())["rows"]
-    for row in ("numpy", "eager", "tf.function", "fit", "fit steps_per_execution=32", "floor eager", "floor fit"):
+    for row in ("numpy", "eager", "tf.function", "fit", "fit steps_per_execution=32", "floor eager", "floor fit",
+                "numpy nice", "tf.function nice", "fit nice"):
         got = rows[f"this build: {row}"]
         assert len(got["rates"]) == 1 and got["rates"][0] > 0, got
     assert rows["this build: numpy"]["ratios"] == [1.0]
     assert 0 < rows["this build: eager"]["cap"] <= 1  # from the floor's CPU per batch and the gather's
+    # The "nice" rows ran on workers at --nice (default 5), the others on workers at the caller's niceness.
+    measured = json.loads(out.read_text())["rounds"]["this build"][0]
+    inherited = os.getpriority(os.PRIO_PROCESS, 0)
+    assert measured["numpy"]["worker_nice"] == [inherited], measured["numpy"]
+    assert measured["fit"]["worker_nice"] == [inherited], measured["fit"]
+    for row in ("numpy nice", "tf.function nice", "fit nice"):
+        assert measured[row]["worker_nice"] == [5], measured[row]
 
 
 def test_bench_gpu_quick_on_the_cpu(tmp_path):
