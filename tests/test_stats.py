@@ -5,6 +5,7 @@ consumer's wait reported), plan and source totals, per-epoch differences and the
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -183,3 +184,55 @@ def test_statistics_are_found_on_each_kind_of_object(ordered):
         assert nfs.raw_counts_of(obj)()["batches"] == 1
     with pytest.raises(TypeError, match="cannot find npyfeed statistics in int"):
         nfs.raw_counts_of(3)
+
+
+def _spin(seconds: float) -> None:
+    """Uses `seconds` of this thread's CPU (a model's step that needs the CPU, not one that sleeps)."""
+    start = time.thread_time()
+    while time.thread_time() - start < seconds:
+        pass
+
+
+@pytest.mark.skipif(nfs.thread_times() is None, reason="the kernel reports no per-thread scheduler statistics")
+def test_the_logger_says_when_the_main_thread_waited_for_a_core_held_by_the_workers(heavy):
+    cpu = min(os.sched_getaffinity(0))
+    src = _open(heavy, threads=2, cpus=[cpu])  # two workers on one CPU (a pool of their own)
+    logger = nfs.StatsLogger(src)
+    assert logger.cpu is None
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})  # this thread only: the main thread shares the workers' CPU
+    try:
+        start, used = time.monotonic(), time.thread_time()
+        logger.epoch_begin()
+        for _ in src.batches(64, shuffle=True, seed=0):
+            _spin(0.002)
+        logger.epoch_end()
+        seconds, used = time.monotonic() - start, time.thread_time() - used
+    finally:
+        os.sched_setaffinity(0, mine)
+    share = logger.cpu
+    # The main thread's CPU is its own CPU time; the workers ran; the main thread, ready to run, waited for the
+    # CPU the two workers held (about 40% of the time on an idle machine; more on a busy one).
+    assert share["main_cores"] * seconds == pytest.approx(used, rel=0.25), (share, used, seconds)
+    assert share["npyfeed_cores"] > 0.05, share
+    assert nfs.CPU_WAIT < share["main_cpu_wait"] <= 1, share
+    assert "the cores are shared" in nfs.cpu_summary(share)
+
+
+def test_the_cpu_share_follows_from_the_thread_times():
+    ms = 1_000_000
+    before = {1: ("main", 100 * ms, 10 * ms), 2: ("npyfeed", 50 * ms, 0), 3: ("other", 10 * ms, 5 * ms),
+              4: ("npyfeed", 70 * ms, 0)}  # thread 4 ends before the second reading
+    after = {1: ("main", 400 * ms, 210 * ms), 2: ("npyfeed", 850 * ms, 90 * ms), 3: ("other", 110 * ms, 5 * ms),
+             5: ("npyfeed", 200 * ms, 1 * ms)}  # thread 5 started after the first
+    share = nfs.cpu_share(before, after, 2.0)
+    assert share == pytest.approx({"main_cores": 0.15, "npyfeed_cores": 0.5, "other_cores": 0.05,
+                                   "main_cpu_wait": 0.1})
+    assert "(the cores are shared" in nfs.cpu_summary(share)
+    assert nfs.cpu_summary(share).startswith("the main thread used 0.15 of a core and waited 10% of the time")
+    # Under CPU_WAIT, or no worker ran: nothing to blame on npyfeed's workers.
+    assert "shared" not in nfs.cpu_summary(dict(share, main_cpu_wait=nfs.CPU_WAIT / 2))
+    assert "shared" not in nfs.cpu_summary(dict(share, npyfeed_cores=0.0))
+    # A consumer that waited longer for batches than for a core is held up by the input, not by the cores.
+    assert "shared" in nfs.cpu_summary(share, wait_fraction=0.05)
+    assert "shared" not in nfs.cpu_summary(share, wait_fraction=0.5)

@@ -79,6 +79,12 @@ def test_stats_callback_in_model_fit(tf, src, tmp_path, capsys):
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("npyfeed, epoch")]
     assert [line.split(":")[0] for line in printed] == ["npyfeed, epoch 1", "npyfeed, epoch 2", "npyfeed, epoch 3"]
     assert all("the model waited" in line for line in printed)
+    # How the threads shared the CPUs, per epoch, where the kernel reports it (Linux).
+    if npyfeed.stats.thread_times() is not None:
+        assert len(callback.cpu) == 3 and all(0 <= c["main_cpu_wait"] <= 1 for c in callback.cpu), callback.cpu
+        assert history.history["npyfeed_main_cpu_wait"] == [c["main_cpu_wait"] for c in callback.cpu]
+        assert all(c["main_cores"] > 0 for c in callback.cpu), callback.cpu  # Keras' Python ran each epoch
+        assert all("; CPU: the main thread used" in line for line in printed)
     events = _events(tmp_path / "logs", tf)
     assert {tag for _, tag in events} == {f"npyfeed/{name}" for name in npyfeed.tf.StatsCallback.SCALARS}
     for epoch, stats in enumerate(callback.epochs):

@@ -6,12 +6,17 @@ counts into its source's totals. `WindowSource.stats`, `Plan.stats`, `BatchItera
 dataset made by `npyfeed.tf.dataset` and of the Keras and PyTorch adapters return them as a plain dict
 (`FIELDS`); `summary` says in one line whether the consumer was input-bound. `StatsLogger` is the framework-neutral
 half of the Keras callbacks (`npyfeed.tf.StatsCallback`, `npyfeed.keras.StatsCallback`), `EpochStatsCallback`
-their shared body.
+their shared body; per epoch they also say how the process's threads shared the CPUs (`thread_times`,
+`cpu_share`, `cpu_summary`): whether the model's main thread waited for a core while npyfeed's workers ran.
 """
 
 from __future__ import annotations
 
-__all__ = ["FIELDS", "INPUT_BOUND", "as_dict", "difference", "summary", "StatsLogger", "EpochStatsCallback"]
+import os
+import time
+
+__all__ = ["FIELDS", "INPUT_BOUND", "CPU_WAIT", "as_dict", "difference", "summary", "thread_times", "cpu_share",
+           "cpu_summary", "StatsLogger", "EpochStatsCallback"]
 
 #: The keys of a stats dict, with what each counts. Counts are since the plan (or source) was made.
 FIELDS = {
@@ -35,6 +40,9 @@ FIELDS = {
 
 #: `summary` calls a consumer input-bound when it waited at least this share of its time.
 INPUT_BOUND = 0.10
+
+#: `cpu_summary` says the cores are shared when the main thread waited at least this share of the time for one.
+CPU_WAIT = 0.05
 
 _NS = 1e-9
 
@@ -86,6 +94,65 @@ def summary(stats: dict, consumer: str = "the consumer") -> str:
     return line + ")"
 
 
+def thread_times() -> dict | None:
+    """CPU time and run-queue time so far of each live thread of this process, in nanoseconds:
+    ``{thread_id: (group, cpu_ns, runqueue_ns)}`` with group ``"main"`` (the main thread), ``"npyfeed"``
+    (npyfeed's workers, of every pool: threads named ``npyfeed``) or ``"other"`` (TensorFlow's, the caller's
+    own). The run-queue time is how long the thread was ready to run and waited for a CPU. Read from Linux's
+    ``/proc/self/task/*/schedstat``; None where the kernel does not report it."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    main = os.getpid()
+    out = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                cpu_ns, runqueue_ns = (int(v) for v in f.read().split()[:2])
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except (OSError, ValueError):  # the thread ended meanwhile, or no scheduler statistics
+            continue
+        group = "main" if int(tid) == main else "npyfeed" if name.startswith("npyfeed") else "other"
+        out[int(tid)] = (group, cpu_ns, runqueue_ns)
+    return out or None
+
+
+def cpu_share(before: dict, after: dict, seconds: float) -> dict:
+    """How the threads shared the CPUs between two `thread_times` readings `seconds` apart: for each group, the
+    cores its threads used on average (``main_cores``, ``npyfeed_cores``, ``other_cores``), and
+    ``main_cpu_wait``, the share of the time the main thread was ready to run but waited for a core. Threads
+    started in between count from their start; threads that ended in between are not counted."""
+    cpu = {"main": 0, "npyfeed": 0, "other": 0}
+    main_wait = 0
+    for tid, (group, cpu_ns, runqueue_ns) in after.items():
+        _, cpu0, runqueue0 = before.get(tid, (group, 0, 0))
+        cpu[group] += cpu_ns - cpu0
+        if group == "main":
+            main_wait += runqueue_ns - runqueue0
+    seconds = max(seconds, 1e-9)
+    out = {f"{group}_cores": ns * _NS / seconds for group, ns in cpu.items()}
+    out["main_cpu_wait"] = min(main_wait * _NS / seconds, 1.0)
+    return out
+
+
+def cpu_summary(share: dict, wait_fraction: float | None = None) -> str:
+    """One line of a `cpu_share` dict. Where the main thread waited at least `CPU_WAIT` of the time for a core
+    while npyfeed's workers ran, and longer than the consumer waited for batches (`wait_fraction` of the same
+    epoch, if given: a consumer that mostly waits for batches loses nothing by waiting for a core too), it says
+    the cores are shared and what to do: give the workers a higher niceness (``nice=`` on the source), so that
+    the model's step goes first and the workers take what is left."""
+    line = (f"the main thread used {share['main_cores']:.2f} of a core and waited {share['main_cpu_wait']:.0%} of "
+            f"the time for one; npyfeed's workers used {share['npyfeed_cores']:.2f} cores, other threads "
+            f"{share['other_cores']:.2f}")
+    waited = share["main_cpu_wait"]
+    if waited >= CPU_WAIT and share["npyfeed_cores"] > 0 and (wait_fraction is None or waited > wait_fraction):
+        line += (" (the cores are shared: a higher niceness for npyfeed's workers, e.g. nice=5 on the source, lets "
+                 "the step go first)")
+    return line
+
+
 class StatsLogger:
     """Per-epoch statistics of a pipeline for a training loop of one's own: call `epoch_begin` and `epoch_end`
     around each epoch; `epoch_end` returns the epoch's stats dict (counted between the two calls).
@@ -109,14 +176,23 @@ class StatsLogger:
     def __init__(self, source):
         self._counts = raw_counts_of(source)
         self._before = None
+        self._threads_before = None
+        #: How the process's threads shared the CPUs over the last epoch (`cpu_share`); None before the first
+        #: epoch ends, or where the kernel does not report it.
+        self.cpu = None
 
     def epoch_begin(self) -> None:
         self._before = self._counts()
+        self._threads_before = (time.monotonic(), thread_times())
 
     def epoch_end(self) -> dict:
         now = self._counts()
         before = self._before if self._before is not None else {k: 0 for k in now}
         self._before = now
+        threads_now = (time.monotonic(), thread_times())
+        if self._threads_before is not None and self._threads_before[1] is not None and threads_now[1] is not None:
+            self.cpu = cpu_share(self._threads_before[1], threads_now[1], threads_now[0] - self._threads_before[0])
+        self._threads_before = threads_now
         return as_dict(difference(now, before))
 
 
@@ -137,8 +213,10 @@ def raw_counts_of(obj):
 class EpochStatsCallback:
     """The body of the Keras callbacks `npyfeed.tf.StatsCallback` and `npyfeed.keras.StatsCallback` (each mixes it
     into its Keras' ``Callback``): per epoch, the pipeline's stats dict appended to `epochs`, its wait share and
-    rate added to Keras' logs (``npyfeed_wait_fraction``, ``npyfeed_samples_per_second``: in the ``History``),
-    and with `verbose` the `summary` line printed.
+    rate added to Keras' logs (``npyfeed_wait_fraction``, ``npyfeed_samples_per_second``: in the ``History``;
+    where the kernel reports it, also ``npyfeed_main_cpu_wait``, the share of the epoch the main thread waited
+    for a core: `cpu_share`), the epoch's `cpu_share` dict appended to `cpu` (None where not reported), and with
+    `verbose` one line printed: the `summary`, then the `cpu_summary`.
 
     Parameters
     ----------
@@ -154,6 +232,7 @@ class EpochStatsCallback:
         self._logger = StatsLogger(source)
         self.verbose = int(verbose)
         self.epochs: list = []
+        self.cpu: list = []
 
     def on_epoch_begin(self, epoch, logs=None):
         self._logger.epoch_begin()
@@ -161,11 +240,17 @@ class EpochStatsCallback:
     def on_epoch_end(self, epoch, logs=None):
         stats = self._logger.epoch_end()
         self.epochs.append(stats)
+        share = self._logger.cpu
+        self.cpu.append(share)
         if logs is not None:
             logs["npyfeed_wait_fraction"] = stats["wait_fraction"]
             logs["npyfeed_samples_per_second"] = stats["samples_per_second"]
+            if share is not None:
+                logs["npyfeed_main_cpu_wait"] = share["main_cpu_wait"]
         if self.verbose:
-            print(f"npyfeed, epoch {epoch + 1}: {summary(stats, 'the model')}", flush=True)
+            line = f"npyfeed, epoch {epoch + 1}: {summary(stats, 'the model')}"
+            cpu = "" if share is None else f"; CPU: {cpu_summary(share, stats['wait_fraction'])}"
+            print(line + cpu, flush=True)
         self._write(int(epoch), stats)
 
     def _write(self, epoch: int, stats: dict) -> None:
