@@ -99,12 +99,14 @@ def _niceness_of_busy_workers(before: dict, after: dict) -> list:
 def child(cfg: dict) -> dict:
     """One round of one build: every row once, in the order given; returns {row: measurement}."""
     import npyfeed
+    import npyfeed.stats
     import numpy as np
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import npyfeed.tf as nftf
     import tensorflow as tf
 
+    thread_times = getattr(npyfeed.stats, "thread_times", lambda: None)  # builds before it: None
     window, batch, batches = cfg["window"], cfg["batch"], cfg["batches"]
     src = npyfeed.WindowSource([cfg["index"]], cfg["factor_dir"], cfg["label_dir"], window, mode="mmap")
     ds = nftf.dataset(src, batch, shuffle=True).repeat()
@@ -224,13 +226,16 @@ def child(cfg: dict) -> dict:
     out = {}
     for name in cfg["order"]:
         time.sleep(cfg["settle"])  # the previous row's threads wind down (its pool's, TensorFlow's)
-        (cpu0, workers0), t0 = _thread_cpu(), time.perf_counter()
+        (cpu0, workers0), threads0, t0 = _thread_cpu(), thread_times(), time.perf_counter()
         samples = runs[name]()
-        seconds, (cpu1, workers1) = time.perf_counter() - t0, _thread_cpu()
+        seconds, (cpu1, workers1), threads1 = time.perf_counter() - t0, _thread_cpu(), thread_times()
         steps = samples / batch
         out[name] = {"samples_per_s": samples / seconds,
                      "cpu_ms_per_batch": {k: 1e3 * (cpu1[k] - cpu0[k]) / steps for k in cpu0},
                      "worker_nice": _niceness_of_busy_workers(workers0, workers1),
+                     # the share of the row the main thread waited for a core (None: a build without it)
+                     "main_cpu_wait": npyfeed.stats.cpu_share(threads0, threads1, seconds)["main_cpu_wait"]
+                     if threads0 and threads1 else None,
                      "load": os.getloadavg()[0]}
         if name in end_lag:
             out[name]["end_lag_s"] = end_lag[name]
@@ -298,7 +303,8 @@ def main(argv=None) -> int:
     print(f"\n{args.rounds} rounds, {args.keys} keys x (4800, 256) float32, W={args.window}, B={args.batch}, "
           f"{args.batches} batches per row; x numpy = the row over the numpy row of the same round and build")
     header = ["build", "row", "samples/s (median)", "x numpy median", "x numpy worst", "x numpy per round",
-              "CPU ms/batch: gather / main / TF", "cap", "x cap", "fit end ms (max)", "target"]
+              "CPU ms/batch: gather / main / TF", "main waits for a core", "cap", "x cap", "fit end ms (max)",
+              "target"]
     table = []
     summary = {}
     for name, _ in builds:
@@ -323,11 +329,13 @@ def main(argv=None) -> int:
                 met = median >= TARGETS[row] or (cap is not None and median >= 0.95 * cap)
                 verdict = f">= {TARGETS[row]:.2f}x or 0.95x cap: " + ("met" if met else "not met")
             lags = [rnd[row]["end_lag_s"] for rnd in rounds if "end_lag_s" in rnd[row]]
+            waits = [rnd[row].get("main_cpu_wait") for rnd in rounds]
             summary[f"{name}: {row}"] = {"rates": rates, "ratios": ratios, "cpu_ms_per_batch": cpu, "cap": cap,
-                                         "fit_end_lag_s": lags}
+                                         "fit_end_lag_s": lags, "main_cpu_wait": waits}
             table.append([name, row, f"{statistics.median(rates):,.0f}", f"{median:.3f}", f"{min(ratios):.3f}",
                           " / ".join(f"{q:.2f}" for q in ratios),
                           " / ".join(f"{cpu[k]:.2f}" for k in ("gather", "main", "tensorflow")),
+                          "" if None in waits else f"{statistics.median(waits):.1%}",
                           "" if cap is None else f"{cap:.3f}", "" if cap is None else f"{median / cap:.3f}",
                           f"{1e3 * max(lags):.0f}" if lags else "", verdict])
     print(common.format_table(header, table))

@@ -153,6 +153,7 @@ def test_bench_handoff_quick(tmp_path):
     inherited = os.getpriority(os.PRIO_PROCESS, 0)
     assert measured["numpy"]["worker_nice"] == [inherited], measured["numpy"]
     assert measured["fit"]["worker_nice"] == [inherited], measured["fit"]
+    assert all(0 <= measured[row]["main_cpu_wait"] <= 1 for row in ("numpy", "fit", "fit nice")), measured
     for row in ("numpy nice", "tf.function nice", "fit nice", "fit steps_per_execution=32 nice"):
         assert measured[row]["worker_nice"] == [5], measured[row]
 
