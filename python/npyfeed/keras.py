@@ -183,7 +183,8 @@ class PyDataset(keras.utils.PyDataset):
 class StatsCallback(EpochStatsCallback, keras.callbacks.Callback):
     """A Keras callback that reports, per epoch, whether training waited for input: the pipeline's live statistics
     (`npyfeed.stats`) over the epoch, printed as one line, added to the logs (``npyfeed_wait_fraction``,
-    ``npyfeed_samples_per_second``) and kept in ``epochs`` (a stats dict per epoch).
+    ``npyfeed_samples_per_second``) and kept in ``epochs`` (a stats dict per epoch); on Linux also who had the
+    cores (``npyfeed_main_cpu_wait``, ``cpu``: `npyfeed.stats.cpu_share`).
 
     ``model.fit(ds, callbacks=[npyfeed.keras.StatsCallback(ds)])`` with ``ds`` a `PyDataset` (or its
     `WindowSource`, or a `npyfeed.Plan`); ``verbose=0`` prints nothing.

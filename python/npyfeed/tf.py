@@ -186,7 +186,9 @@ class StatsCallback(_stats.EpochStatsCallback, tf.keras.callbacks.Callback):
     such as ``input-bound: the model waited 63% of its time for batches (...)``, adds
     ``npyfeed_wait_fraction`` and ``npyfeed_samples_per_second`` to the logs (so to the ``History``), keeps the
     epoch's stats dict in ``epochs``, and with `log_dir` writes them as TensorBoard scalars (``tf.summary``,
-    ``npyfeed/<field>`` at step = epoch).
+    ``npyfeed/<field>`` at step = epoch). On Linux the line also says who had the cores
+    (`npyfeed.stats.cpu_summary`; ``npyfeed_main_cpu_wait`` in the logs, a `npyfeed.stats.cpu_share` dict per
+    epoch in ``cpu``): whether the model's main thread waited for a core held by npyfeed's workers.
 
     Parameters
     ----------
