@@ -190,8 +190,8 @@ class StatsLogger:
         before = self._before if self._before is not None else {k: 0 for k in now}
         self._before = now
         threads_now = (time.monotonic(), thread_times())
-        if self._threads_before is not None and self._threads_before[1] is not None and threads_now[1] is not None:
-            self.cpu = cpu_share(self._threads_before[1], threads_now[1], threads_now[0] - self._threads_before[0])
+        (began, then), (ended, now_threads) = self._threads_before or (0.0, None), threads_now
+        self.cpu = cpu_share(then, now_threads, ended - began) if then and now_threads else None
         self._threads_before = threads_now
         return as_dict(difference(now, before))
 
