@@ -24,8 +24,10 @@ B=256, (4800, 256) float32 files, ``shuffle=True``, mode ``"mmap"``):
 Each row reports samples/s, its ratio to the numpy row of its own round (median and worst over the rounds),
 for ``fit`` the longest time from its last step to its return (where Keras deletes its iterator: with tf.data's
 autotuning on, that waited for the autotuning thread's period, up to seconds), and CPU per batch by thread:
-npyfeed's gather workers, the main thread, and TensorFlow's threads (read from ``/proc/self/task``). On a 2-core box the gather saturates both cores, so any CPU TensorFlow spends per batch
-comes out of the gather's; the floor rows show what TensorFlow costs at the least.
+npyfeed's gather workers, the main thread, and TensorFlow's threads (read from ``/proc/self/task``), and the
+share of the row the main thread was ready to run but waited for a core ("main waits for a core",
+``npyfeed.stats.cpu_share``). On a 2-core box the gather saturates both cores, so any CPU TensorFlow spends per
+batch comes out of the gather's; the floor rows show what TensorFlow costs at the least.
 
 ``--baseline DIR`` runs the same rounds with another npyfeed install too (``pip install --no-build-isolation
 --no-deps --target DIR <checkout>``, imported with ``PYTHONPATH=DIR``), its process alternating with this one's:
