@@ -141,7 +141,8 @@ def test_bench_handoff_quick(tmp_path):
     proc = run_bench("bench_handoff.py", tmp_path, "--json", str(out), timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "x numpy median" in proc.stdout and "x cap" in proc.stdout, proc.stdout
-    rows = json.loads(out.read_text())["rows"]
+    results = json.loads(out.read_text())
+    rows = results["rows"]
     for row in ("numpy", "eager", "tf.function", "fit", "fit steps_per_execution=32", "floor eager", "floor fit",
                 "numpy nice", "tf.function nice", "fit nice"):
         got = rows[f"this build: {row}"]
@@ -149,7 +150,7 @@ def test_bench_handoff_quick(tmp_path):
     assert rows["this build: numpy"]["ratios"] == [1.0]
     assert 0 < rows["this build: eager"]["cap"] <= 1  # from the floor's CPU per batch and the gather's
     # The "nice" rows ran on workers at --nice (default 5), the others on workers at the caller's niceness.
-    measured = json.loads(out.read_text())["rounds"]["this build"][0]
+    measured = results["rounds"]["this build"][0]
     inherited = os.getpriority(os.PRIO_PROCESS, 0)
     assert measured["numpy"]["worker_nice"] == [inherited], measured["numpy"]
     assert measured["fit"]["worker_nice"] == [inherited], measured["fit"]

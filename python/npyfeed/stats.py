@@ -189,10 +189,10 @@ class StatsLogger:
         now = self._counts()
         before = self._before if self._before is not None else {k: 0 for k in now}
         self._before = now
-        threads_now = (time.monotonic(), thread_times())
-        (began, then), (ended, now_threads) = self._threads_before or (0.0, None), threads_now
-        self.cpu = cpu_share(then, now_threads, ended - began) if then and now_threads else None
-        self._threads_before = threads_now
+        began, threads_then = self._threads_before or (0.0, None)
+        ended, threads_now = time.monotonic(), thread_times()
+        self.cpu = cpu_share(threads_then, threads_now, ended - began) if threads_then and threads_now else None
+        self._threads_before = (ended, threads_now)
         return as_dict(difference(now, before))
 
 
