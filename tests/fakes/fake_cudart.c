@@ -23,7 +23,10 @@ int cudaGetDevice(int* device) {
 }
 
 int cudaSetDevice(int device) {
-  if (fail_set_device) return fail_set_device;
+  pthread_mutex_lock(&lock);
+  int error = fail_set_device;
+  pthread_mutex_unlock(&lock);
+  if (error) return error;
   current_device = device;
   return 0;
 }
@@ -87,7 +90,11 @@ void fake_counts(int* out) {
   pthread_mutex_unlock(&lock);
 }
 
-void fake_fail_set_device(int error) { fail_set_device = error; }
+void fake_fail_set_device(int error) {
+  pthread_mutex_lock(&lock);
+  fail_set_device = error;
+  pthread_mutex_unlock(&lock);
+}
 
 void fake_fail_with(int error) {
   pthread_mutex_lock(&lock);
