@@ -1,5 +1,9 @@
 // streaming_copy against memcpy: every destination alignment, source alignments, lengths around the 64-byte
-// lines it streams; nothing outside the destination written. stream_batch's switch and threshold.
+// lines it streams; nothing outside the destination written; no byte read outside the source (one that ends
+// at an inaccessible page). stream_batch's switch and threshold.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -55,6 +59,27 @@ TEST_CASE("streaming_copy: memcpy's bytes at every alignment and length, nothing
     }
   }
   CHECK_EQ(bad, 0);
+}
+
+TEST_CASE("streaming_copy: a source that ends where its mapping does is read to its last byte and no further") {
+  // Two pages of source data, then a page that faults when read: a copy that read (not prefetched) past the
+  // source's end would crash here. Every length up to two pages, ending at the inaccessible page.
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  void* map = ::mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(map != MAP_FAILED);
+  auto* base = static_cast<std::byte*>(map);
+  for (std::size_t i = 0; i < 2 * page; ++i) base[i] = static_cast<std::byte>((i * 37 + 11) % 253);
+  REQUIRE(::mprotect(base + 2 * page, page, PROT_NONE) == 0);
+  std::vector<std::byte> dst(2 * page + 64);
+  int bad = 0;
+  for (std::size_t n = 0; n <= 2 * page; n += (n < 256 ? 1 : 61)) {
+    const std::byte* src = base + 2 * page - n;
+    detail::streaming_copy(dst.data() + 64 - (n % 64), src, n);  // every destination alignment too
+    if (std::memcmp(dst.data() + 64 - (n % 64), src, n) != 0 && bad++ < 5)
+      test::report(__FILE__, __LINE__, "n " + std::to_string(n) + ": bytes differ");
+  }
+  CHECK_EQ(bad, 0);
+  ::munmap(map, 3 * page);
 }
 
 TEST_CASE("stream_batch: from 16 MiB by default, NPYFEED_STREAMING=0 never, =1 always") {

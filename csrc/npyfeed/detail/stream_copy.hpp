@@ -1,6 +1,6 @@
 // Copies into memory that is written once and read later by someone else (a batch being filled): stores that
 // bypass the cache, so that a batch larger than the caches neither reads its destination in before
-// overwriting it nor evicts the data still to be copied.
+// overwriting it nor evicts the data still to be copied, and loads that leave the caches to the other threads.
 #pragma once
 
 #include <cstddef>
@@ -19,8 +19,9 @@ inline constexpr std::uint64_t kStreamedCopyBytes = std::uint64_t{4} << 10;
 bool stream_batch(std::uint64_t batch_bytes);
 
 /// memcpy's result, written with non-temporal stores where the CPU has them (x86-64: SSE2, AVX-512F when the
-/// CPU and the kernel allow it), fenced: the bytes are visible to other threads once it returns, ordered as
-/// memcpy's. Any alignment, any length; memcpy elsewhere.
+/// CPU and the kernel allow it) and read with a non-temporal prefetch ahead (no byte outside the source is
+/// read or fetched), fenced: the bytes are visible to other threads once it returns, ordered as memcpy's. Any
+/// alignment, any length; memcpy elsewhere.
 void streaming_copy(std::byte* dst, const std::byte* src, std::size_t n) noexcept;
 
 }  // namespace npyfeed::detail
