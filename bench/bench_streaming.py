@@ -4,7 +4,10 @@ A batch of the users' shape (B=256 windows of (100, 256) float32: 26 MB) is larg
 between the gather and its consumer; memcpy's stores first read every destination line in (a read for
 ownership) and push out the data still to be copied. From 16 MiB a batch, npyfeed writes the windows that need
 no conversion with non-temporal (streaming) stores instead (docs/windows.md); ``NPYFEED_STREAMING=0`` in the
-environment turns that off, which is the "before" here.
+environment turns that off, which is the "before" here. With ``--baseline DIR`` a third variant runs the same
+consumers with another npyfeed install (streaming on: ``pip install --no-build-isolation --no-deps --target DIR
+<checkout>``, imported with ``PYTHONPATH=DIR``) in the same rounds: a before/after of a change to the copy itself
+(e.g. the non-temporal prefetch of the source), reported as this build over the baseline per round.
 
 One warm data set (default 60 keys of (4800, 256) float32, ~295 MB, W=100, B=256, mode="mmap"). Each round is a
 fresh process per variant (off, on), their order alternating between rounds; a process runs each consumer over
@@ -16,6 +19,7 @@ batch (all threads, getrusage), and on/off per round; beside them the machine's 
 
 ```
 python bench/bench_streaming.py --dir /tmp/streaming-data [--rounds 6] [--json out.json]
+python bench/bench_streaming.py --dir /tmp/streaming-data --baseline /tmp/npyfeed-before
 python bench/bench_streaming.py --quick          # seconds: a smoke run, numbers meaningless
 ```
 """
@@ -84,14 +88,16 @@ def child(cfg: dict) -> dict:
     return out
 
 
-def run_child(cfg: dict, streaming: str | None) -> dict:
+def run_child(cfg: dict, streaming: str | None, baseline: str | None = None) -> dict:
     env = dict(os.environ, NPYFEED_CACHE_DIR=cfg["cache_dir"])
     env.pop("NPYFEED_STREAMING", None)
     if streaming is not None:
         env["NPYFEED_STREAMING"] = streaming
+    if baseline is not None:
+        env["PYTHONPATH"] = baseline + os.pathsep + env.get("PYTHONPATH", "")
     import common
 
-    return common.run_child(__file__, cfg, env, f"NPYFEED_STREAMING={streaming}")
+    return common.run_child(__file__, cfg, env, f"NPYFEED_STREAMING={streaming}" + (f" {baseline}" if baseline else ""))
 
 
 def main(argv=None) -> int:
@@ -109,6 +115,7 @@ def main(argv=None) -> int:
     p.add_argument("--window", type=int, default=100)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--no-tf", action="store_true", help="skip the tf.function consumer (no TensorFlow import)")
+    p.add_argument("--baseline", metavar="DIR", help="also run another npyfeed install (streaming on) in the same rounds")
     args = p.parse_args(argv)
     if args.quick:
         args.files, args.rows, args.cols, args.repeats, args.batch, args.batches = 3, 400, 16, 1, 32, 4
@@ -131,37 +138,48 @@ def main(argv=None) -> int:
           f"B={args.batch} ({args.batch * sample_bytes / 2**20:.1f} MiB a batch of x), threads={threads}, "
           f"{args.batches} batches per consumer, {args.repeats} rounds", flush=True)
     common.warm(ds.factor_paths + ds.label_paths)
-    runs = {v: [] for v in VARIANTS}
+    variants = list(VARIANTS) + (["baseline"] if args.baseline else [])
+    runs = {v: [] for v in variants}
     limits = []
     for r in range(args.repeats):
         limits.append(common.memcpy_bandwidth(threads) * common.GB / sample_bytes)
-        for v in (list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))):
-            runs[v].append(run_child(cfg, VARIANTS[v]))
+        for v in (variants if r % 2 == 0 else list(reversed(variants))):
+            runs[v].append(run_child(cfg, None, args.baseline) if v == "baseline" else run_child(cfg, VARIANTS[v]))
         print(f"  round {r + 1}: " + "  ".join(
             f"{v}: " + " / ".join(f"{c['samples_per_s']:,.0f}" for c in runs[v][-1]["consumers"].values())
-            for v in VARIANTS) + f"  load {os.getloadavg()[0]:.2f}", flush=True)
+            for v in variants) + f"  load {os.getloadavg()[0]:.2f}", flush=True)
     limit = max(limits)
 
     consumers = [c for c in CONSUMERS if c in runs["on"][0]["consumers"]]
+    def per_round(c: str, a: str, b: str) -> list:
+        return [x["consumers"][c]["samples_per_s"] / y["consumers"][c]["samples_per_s"]
+                for x, y in zip(runs[a], runs[b])]
+
     header = ["consumer", "streaming", "samples/s (median)", "CPU ms/batch", "x copy limit", "on/off per round",
-              "on/off median"]
+              "on/off median"] + (["on/baseline per round", "on/baseline median"] if args.baseline else [])
     rows, summary = [], {}
     for c in consumers:
-        ratios = [on["consumers"][c]["samples_per_s"] / off["consumers"][c]["samples_per_s"]
-                  for on, off in zip(runs["on"], runs["off"])]
-        for v in VARIANTS:
+        ratios = per_round(c, "on", "off")
+        against_baseline = per_round(c, "on", "baseline") if args.baseline else []
+        for v in variants:
             rate = statistics.median(x["consumers"][c]["samples_per_s"] for x in runs[v])
             cpu = statistics.median(x["consumers"][c]["cpu_ms_per_batch"] for x in runs[v])
             summary[f"{c}: {v}"] = {"samples_per_s": rate, "cpu_ms_per_batch": cpu, "x_limit": rate / limit,
                                     "rates": [x["consumers"][c]["samples_per_s"] for x in runs[v]]}
             last = v == "on"
-            rows.append([c, v, f"{rate:,.0f}", f"{cpu:.2f}", f"{rate / limit:.2f}",
-                         " / ".join(f"{q:.2f}" for q in ratios) if last else "",
-                         f"{statistics.median(ratios):.3f}" if last else ""])
+            row = [c, v, f"{rate:,.0f}", f"{cpu:.2f}", f"{rate / limit:.2f}",
+                   " / ".join(f"{q:.2f}" for q in ratios) if last else "",
+                   f"{statistics.median(ratios):.3f}" if last else ""]
+            if args.baseline:
+                row += [" / ".join(f"{q:.2f}" for q in against_baseline) if last else "",
+                        f"{statistics.median(against_baseline):.3f}" if last else ""]
+            rows.append(row)
         summary[f"{c}: on/off"] = ratios
+        if args.baseline:
+            summary[f"{c}: on/baseline"] = against_baseline
     print()
     print(common.format_table(header, rows, align="ll" + "r" * (len(header) - 2)))
-    loads = [x["load"] for v in VARIANTS for x in runs[v]]
+    loads = [x["load"] for v in variants for x in runs[v]]
     print(f"\ncopy limit: memcpy by {threads} threads, best of the rounds: {limit:,.0f} samples/s "
           f"({limit * sample_bytes / common.GB:.2f} GB/s); load seen by the children {min(loads):.2f}-{max(loads):.2f} "
           f"on {common.machine_info()['cpus']} CPUs")

@@ -197,13 +197,19 @@ def test_bench_gpu_torch_quick_on_the_cpu(tmp_path):
 
 
 def test_bench_streaming_quick(tmp_path):
+    import npyfeed
+
     out = tmp_path / "streaming.json"
-    proc = run_bench("bench_streaming.py", tmp_path, "--no-tf", "--json", str(out), timeout=300)
+    # This install as the "baseline" too (its folder on PYTHONPATH imports the same npyfeed).
+    install = str(Path(npyfeed.__file__).resolve().parents[1])
+    proc = run_bench("bench_streaming.py", tmp_path, "--no-tf", "--json", str(out), "--baseline", install,
+                     timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "on/off median" in proc.stdout, proc.stdout
+    assert "on/off median" in proc.stdout and "on/baseline median" in proc.stdout, proc.stdout
     summary = json.loads(out.read_text())["summary"]
     for consumer in ("numpy", "numpy, batch read"):
-        for variant in ("off", "on"):
+        for variant in ("off", "on", "baseline"):
             row = summary[f"{consumer}: {variant}"]
             assert len(row["rates"]) == 1 and row["samples_per_s"] > 0 and 0 < row["x_limit"], row
-        assert len(summary[f"{consumer}: on/off"]) == 1
+        for ratio in ("on/off", "on/baseline"):
+            assert len(summary[f"{consumer}: {ratio}"]) == 1 and summary[f"{consumer}: {ratio}"][0] > 0
