@@ -374,7 +374,10 @@ void Gather::gather_factors(std::size_t begin, std::vector<std::byte>& scratch, 
           std::byte* to = out + static_cast<std::uint64_t>(before) * x_row_out;
           const std::uint64_t bytes = static_cast<std::uint64_t>(inside) * x_row_out;
           if (stream_rows && bytes >= detail::kStreamedCopyBytes) {
-            detail::streaming_copy(to, from, bytes);  // what convert_rows would do: a plain copy
+            // What convert_rows would do: a plain copy. Windows are sorted by first row: the next one of the run
+            // reads some of these rows again when it starts before this one ends.
+            const bool again = k + 1 < begin + run.end && clip(window_first(sample_at(order_[k + 1]))) < b;
+            detail::streaming_copy(to, from, bytes, again ? detail::SourceReuse::kAgain : detail::SourceReuse::kOnce);
           } else {
             convert_rows(t, from, st, static_cast<std::uint64_t>(inside), to);
           }

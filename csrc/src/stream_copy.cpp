@@ -26,14 +26,17 @@ namespace {
 // (measured in docs/benchmarks.md). Only lines of the source are fetched.
 constexpr std::size_t kPrefetchAhead = 1024;
 
+template <bool kPrefetch>
 inline void prefetch_source(const std::byte* src, std::size_t i, std::size_t n) noexcept {
-  if (i + kPrefetchAhead < n) _mm_prefetch(reinterpret_cast<const char*>(src + i + kPrefetchAhead), _MM_HINT_NTA);
+  if (kPrefetch && i + kPrefetchAhead < n)
+    _mm_prefetch(reinterpret_cast<const char*>(src + i + kPrefetchAhead), _MM_HINT_NTA);
 }
 
 // `n` a multiple of 64, `dst` 64-byte aligned.
+template <bool kPrefetch>
 void stream_sse2(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; i += 64) {
-    prefetch_source(src, i, n);
+    prefetch_source<kPrefetch>(src, i, n);
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
     const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
@@ -45,9 +48,10 @@ void stream_sse2(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
   }
 }
 
+template <bool kPrefetch>
 __attribute__((target("avx512f"))) void stream_avx512(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; i += 64) {
-    prefetch_source(src, i, n);
+    prefetch_source<kPrefetch>(src, i, n);
     _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_loadu_si512(src + i));
   }
 }
@@ -62,7 +66,7 @@ const bool kHaveAvx512 = [] {
 }  // namespace
 #endif
 
-void streaming_copy(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
+void streaming_copy(std::byte* dst, const std::byte* src, std::size_t n, SourceReuse reuse) noexcept {
 #if NPYFEED_STREAMING_STORES
   if (n >= 128) {
     // Head to the first 64-byte boundary of dst and the tail after the last one through memcpy, the lines
@@ -70,16 +74,18 @@ void streaming_copy(std::byte* dst, const std::byte* src, std::size_t n) noexcep
     const std::size_t head = (64 - (reinterpret_cast<std::uintptr_t>(dst) & 63u)) & 63u;
     const std::size_t body = (n - head) & ~std::size_t{63};
     std::memcpy(dst, src, head);
+    const bool once = reuse == SourceReuse::kOnce;
     if (kHaveAvx512) {
-      stream_avx512(dst + head, src + head, body);
+      (once ? stream_avx512<true> : stream_avx512<false>)(dst + head, src + head, body);
     } else {
-      stream_sse2(dst + head, src + head, body);
+      (once ? stream_sse2<true> : stream_sse2<false>)(dst + head, src + head, body);
     }
     std::memcpy(dst + head + body, src + head + body, n - head - body);
     _mm_sfence();  // streaming stores are weakly ordered: visible before whatever this thread stores next
     return;
   }
 #endif
+  (void)reuse;
   std::memcpy(dst, src, n);
 }
 

@@ -1,6 +1,6 @@
 // streaming_copy against memcpy: every destination alignment, source alignments, lengths around the 64-byte
-// lines it streams; nothing outside the destination written; no byte read outside the source (one that ends
-// at an inaccessible page). stream_batch's switch and threshold.
+// lines it streams, the source read once or again; nothing outside the destination written; no byte read
+// outside the source (one that ends at an inaccessible page). stream_batch's switch and threshold.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -38,22 +38,24 @@ TEST_CASE("streaming_copy: memcpy's bytes at every alignment and length, nothing
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>((i * 131 + 7) % 251);
   std::vector<std::byte> dst(src.size() + 64 + 2 * kGuard);
   int bad = 0;
-  for (std::size_t n : lengths) {
-    for (std::size_t dst_offset = 0; dst_offset < 64; ++dst_offset) {
-      for (std::size_t src_offset : src_offsets) {
-        std::memset(dst.data(), 0xA5, dst.size());
-        // dst_offset 0..63 puts the destination at every address mod 64.
-        const std::size_t base = kGuard + dst_offset;
-        detail::streaming_copy(dst.data() + base, src.data() + src_offset, n);
-        const bool same = std::memcmp(dst.data() + base, src.data() + src_offset, n) == 0;
-        bool guards = true;
-        for (std::size_t i = 0; i < base; ++i) guards = guards && dst[i] == std::byte{0xA5};
-        for (std::size_t i = base + n; i < dst.size(); ++i) guards = guards && dst[i] == std::byte{0xA5};
-        if ((!same || !guards) && bad++ < 5) {
-          test::report(__FILE__, __LINE__,
-                       "n " + std::to_string(n) + " dst offset " + std::to_string(dst_offset) + " src offset " +
-                           std::to_string(src_offset) + (same ? "" : ": bytes differ") +
-                           (guards ? "" : ": wrote outside the destination"));
+  for (const auto reuse : {detail::SourceReuse::kOnce, detail::SourceReuse::kAgain}) {
+    for (std::size_t n : lengths) {
+      for (std::size_t dst_offset = 0; dst_offset < 64; ++dst_offset) {
+        for (std::size_t src_offset : src_offsets) {
+          std::memset(dst.data(), 0xA5, dst.size());
+          // dst_offset 0..63 puts the destination at every address mod 64.
+          const std::size_t base = kGuard + dst_offset;
+          detail::streaming_copy(dst.data() + base, src.data() + src_offset, n, reuse);
+          const bool same = std::memcmp(dst.data() + base, src.data() + src_offset, n) == 0;
+          bool guards = true;
+          for (std::size_t i = 0; i < base; ++i) guards = guards && dst[i] == std::byte{0xA5};
+          for (std::size_t i = base + n; i < dst.size(); ++i) guards = guards && dst[i] == std::byte{0xA5};
+          if ((!same || !guards) && bad++ < 5) {
+            test::report(__FILE__, __LINE__,
+                         "n " + std::to_string(n) + " dst offset " + std::to_string(dst_offset) + " src offset " +
+                             std::to_string(src_offset) + (same ? "" : ": bytes differ") +
+                             (guards ? "" : ": wrote outside the destination"));
+          }
         }
       }
     }
@@ -74,7 +76,9 @@ TEST_CASE("streaming_copy: a source that ends where its mapping does is read to 
   int bad = 0;
   for (std::size_t n = 0; n <= 2 * page; n += (n < 256 ? 1 : 61)) {
     const std::byte* src = base + 2 * page - n;
-    detail::streaming_copy(dst.data() + 64 - (n % 64), src, n);  // every destination alignment too
+    // Every destination alignment too, both ways of reading the source.
+    for (const auto reuse : {detail::SourceReuse::kOnce, detail::SourceReuse::kAgain})
+      detail::streaming_copy(dst.data() + 64 - (n % 64), src, n, reuse);
     if (std::memcmp(dst.data() + 64 - (n % 64), src, n) != 0 && bad++ < 5)
       test::report(__FILE__, __LINE__, "n " + std::to_string(n) + ": bytes differ");
   }

@@ -18,10 +18,14 @@ inline constexpr std::uint64_t kStreamedCopyBytes = std::uint64_t{4} << 10;
 /// benchmarks), else from kStreamedBatchBytes. Read from the environment at each call.
 bool stream_batch(std::uint64_t batch_bytes);
 
+/// How soon the source of a copy is read again: kOnce (by nothing soon: its lines are fetched ahead with a
+/// non-temporal hint, so they do not displace what the caches hold for other threads) or kAgain (the next
+/// copies read some of the same bytes, e.g. overlapping windows: it goes through the caches).
+enum class SourceReuse { kOnce, kAgain };
+
 /// memcpy's result, written with non-temporal stores where the CPU has them (x86-64: SSE2, AVX-512F when the
-/// CPU and the kernel allow it) and read with a non-temporal prefetch ahead (no byte outside the source is
-/// read or fetched), fenced: the bytes are visible to other threads once it returns, ordered as memcpy's. Any
-/// alignment, any length; memcpy elsewhere.
-void streaming_copy(std::byte* dst, const std::byte* src, std::size_t n) noexcept;
+/// CPU and the kernel allow it), fenced: the bytes are visible to other threads once it returns, ordered as
+/// memcpy's. No byte outside the source is read or fetched. Any alignment, any length; memcpy elsewhere.
+void streaming_copy(std::byte* dst, const std::byte* src, std::size_t n, SourceReuse reuse) noexcept;
 
 }  // namespace npyfeed::detail
