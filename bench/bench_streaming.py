@@ -151,6 +151,7 @@ def main(argv=None) -> int:
     limit = max(limits)
 
     consumers = [c for c in CONSUMERS if c in runs["on"][0]["consumers"]]
+
     def per_round(c: str, a: str, b: str) -> list:
         return [x["consumers"][c]["samples_per_s"] / y["consumers"][c]["samples_per_s"]
                 for x, y in zip(runs[a], runs[b])]
