@@ -245,9 +245,7 @@ def child(cfg: dict) -> dict:
 
 
 def _run_child(cfg: dict, pythonpath: str | None) -> dict:
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = common.importing_from(dict(os.environ), pythonpath) if pythonpath else dict(os.environ)
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], capture_output=True, text=True,
                           env=env, check=False)
     if proc.returncode != 0:

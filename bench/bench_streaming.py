@@ -93,9 +93,10 @@ def run_child(cfg: dict, streaming: str | None, baseline: str | None = None) -> 
     env.pop("NPYFEED_STREAMING", None)
     if streaming is not None:
         env["NPYFEED_STREAMING"] = streaming
-    if baseline is not None:
-        env["PYTHONPATH"] = baseline + os.pathsep + env.get("PYTHONPATH", "")
     import common
+
+    if baseline is not None:
+        env = common.importing_from(env, baseline)
 
     return common.run_child(__file__, cfg, env, f"NPYFEED_STREAMING={streaming}" + (f" {baseline}" if baseline else ""))
 

@@ -429,6 +429,13 @@ def serve_child(argv, child: Callable[[dict], dict]) -> bool:
     return True
 
 
+def importing_from(env: dict, install: str) -> dict:
+    """`env` with the npyfeed installed in folder `install` (``pip install --target``) first on the import path:
+    a benchmark's baseline build."""
+    rest = env.get("PYTHONPATH")
+    return dict(env, PYTHONPATH=install + (os.pathsep + rest if rest else ""))
+
+
 def run_child(script: str, cfg: dict, env: dict, what: str) -> dict:
     """The parent half of `serve_child`: `script` run in a fresh Python with ``--child JSON(cfg)``, environment
     `env`, from ``/`` (so that the installed npyfeed is imported, not a checkout's); returns the JSON it printed

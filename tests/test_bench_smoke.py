@@ -22,6 +22,13 @@ def run_bench(script: str, tmp_path: Path, *extra: str, timeout: float = 120) ->
         capture_output=True, text=True, timeout=timeout)
 
 
+def _this_install() -> str:
+    """The folder this npyfeed is installed in: as a bench's --baseline it imports the same npyfeed."""
+    import npyfeed
+
+    return str(Path(npyfeed.__file__).resolve().parents[1])
+
+
 def test_bench_load_quick(tmp_path):
     out = tmp_path / "load.json"
     proc = run_bench("bench_load.py", tmp_path, "--json", str(out))
@@ -83,12 +90,9 @@ def test_bench_npz_quick(tmp_path):
 
 
 def test_bench_stream_quick(tmp_path):
-    import npyfeed
-
     out = tmp_path / "stream.json"
-    # Two rounds, with this install as the "baseline" too (its folder on PYTHONPATH imports the same npyfeed).
-    install = str(Path(npyfeed.__file__).resolve().parents[1])
-    proc = run_bench("bench_stream.py", tmp_path, "--json", str(out), "--rounds", "2", "--baseline", install,
+    # Two rounds, with this install as the "baseline" too.
+    proc = run_bench("bench_stream.py", tmp_path, "--json", str(out), "--rounds", "2", "--baseline", _this_install(),
                      timeout=300)  # 12 child processes
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "cold blocks direct" in proc.stdout and "targets (issue 10" in proc.stdout
@@ -197,12 +201,8 @@ def test_bench_gpu_torch_quick_on_the_cpu(tmp_path):
 
 
 def test_bench_streaming_quick(tmp_path):
-    import npyfeed
-
     out = tmp_path / "streaming.json"
-    # This install as the "baseline" too (its folder on PYTHONPATH imports the same npyfeed).
-    install = str(Path(npyfeed.__file__).resolve().parents[1])
-    proc = run_bench("bench_streaming.py", tmp_path, "--no-tf", "--json", str(out), "--baseline", install,
+    proc = run_bench("bench_streaming.py", tmp_path, "--no-tf", "--json", str(out), "--baseline", _this_install(),
                      timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "on/off median" in proc.stdout and "on/baseline median" in proc.stdout, proc.stdout
