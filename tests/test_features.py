@@ -234,6 +234,51 @@ def test_pad_rows_stay_zeros(tmp_path):
     np.testing.assert_allclose(x[0, 2:], want, rtol=1e-6)
 
 
+WIDE = 333  # windows of 5,328 bytes as float32: written past the caches from 4 KiB on
+
+
+def _sparsely_poisoned(rng, shape, dtype) -> np.ndarray:
+    """Normal values; NaN, +inf and -inf in every fifth row only (blocks with and without one)."""
+    a = rng.standard_normal(shape).astype(dtype) * 3 + 1
+    for r in range(1, shape[0], 5):
+        a[r, r % 7::9] = np.nan
+        a[r, r % 5::13] = np.inf
+        a[r, r % 3::17] = -np.inf
+    return a
+
+
+@pytest.mark.parametrize("source", ["float32", "float64"])
+@pytest.mark.parametrize("streaming", ["1", "0"])
+def test_options_written_past_the_caches_match_numpy(tmp_path, source, streaming, monkeypatch):
+    """Replaced and normalised windows written with streaming stores (NPYFEED_STREAMING=1; by default from
+    16 MiB a batch) or through the caches (=0): numpy's values, in every mode, output dtype and order."""
+    monkeypatch.setenv("NPYFEED_STREAMING", streaming)
+    ds = DataSet(tmp_path, False, factor_shape=(ROWS, WIDE), dtype=source)
+    rng = np.random.default_rng(7)
+    for k in KEYS:
+        ds.factors[k] = _sparsely_poisoned(rng, (ROWS, WIDE), source)
+        np.save(tmp_path / "factor" / f"{k}.npy", ds.factors[k])
+        np.savez(tmp_path / "factor_npz" / f"{k}.npz", x=ds.factors[k])
+    mean = np.linspace(-1.0, 2.0, WIDE)
+    std = np.linspace(0.5, 3.0, WIDE)
+    cases = [{"nan": 0.0, "posinf": 1e6, "neginf": -1e6}, {"nan": -7.5}, {"normalize": (mean, std)},
+             {"nan": 0.0, "posinf": 9.0, "neginf": -9.0, "normalize": (mean, std)},
+             {"nan": 1.0, "normalize": (mean, std), "dtype": "float64"},
+             {"features": slice(None, None, 3), "nan": 0.0, "normalize": (mean[::3], std[::3])}]
+    for options in cases:
+        want_x, want_y = ds.expected(**options)
+        for mode in MODES:
+            src = ds.open(mode, **options)
+            x, y = src.get(np.arange(len(src)))
+            _assert_matches(x, want_x, "normalize" in options)
+            _assert_matches(y, want_y, False)
+            # Overlapping windows of a key one after another (sorted), and shuffled.
+            for shuffle in (False, True):
+                order = src.epoch_order(shuffle=shuffle, seed=5)
+                got = list(src.batches(7, shuffle=shuffle, seed=5))
+                _assert_matches(np.concatenate([b[0] for b in got]), want_x[order], "normalize" in options)
+
+
 def _bytes_read() -> int:
     with open("/proc/self/io") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))

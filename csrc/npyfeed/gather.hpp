@@ -112,8 +112,10 @@ class Gather {
   const Sample& sample_at(std::uint32_t pos) const { return (*in_.samples)[static_cast<std::size_t>(ids_[pos])]; }
   void gather_labels(std::size_t begin, std::size_t end, std::vector<std::byte>& scratch) const;
   void convert_rows(const RowTransform& t, const std::byte* src, const ScalarType& type, std::uint64_t rows,
-                    std::byte* dst) const;
+                    std::byte* dst, detail::SourceReuse reuse = detail::SourceReuse::kAgain) const;
   void finish_rows(const RowTransform& t, std::byte* dst, std::uint64_t rows) const;
+  void finish_streamed(const RowTransform& t, const std::byte* src, std::uint64_t rows, std::byte* dst,
+                       detail::SourceReuse reuse) const;
 
   GatherInput in_;
   std::vector<std::int64_t> ids_;       // sample ids, in batch order

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "npyfeed/detail/stream_copy.hpp"
 #include "npyfeed/npy_header.hpp"
 
 namespace npyfeed {
@@ -76,17 +77,28 @@ class RowTransform {
   const std::vector<std::uint64_t>& needed_columns() const noexcept { return needed_; }
 
   /// Converts `rows` source rows of `type` at `src` (`src_elems` each, contiguous) into `rows` output rows at `dst`
-  /// (Out = float or double), selected, replaced and normalised.
+  /// (Out = float or double), selected, replaced and normalised. `reuse`: whether the next call reads some of these
+  /// rows again (kAgain: they go through the caches) or not (kOnce: a selection reads its next rows ahead with a
+  /// non-temporal prefetch); the values are the same either way.
   template <class Out>
-  void apply(const std::byte* src, const ScalarType& type, std::uint64_t rows, Out* dst) const;
+  void apply(const std::byte* src, const ScalarType& type, std::uint64_t rows, Out* dst,
+             detail::SourceReuse reuse = detail::SourceReuse::kAgain) const;
   /// Replacement and normalisation over `rows` output rows already converted (and selected) at `dst`.
   template <class Out>
   void finish(Out* dst, std::uint64_t rows) const;
   /// The same from `src` (rows already in the output type and layout) into `dst`: one pass, no copy first.
   template <class Out>
   void finish_from(const Out* src, Out* dst, std::uint64_t rows) const;
+  /// finish_from's result written past the caches, on detail::streaming_copy's terms (a source read once fetched
+  /// ahead with a non-temporal hint; fenced): for a batch larger than the caches. Rows not selected.
+  template <class Out>
+  void finish_streamed(const Out* src, Out* dst, std::uint64_t rows, detail::SourceReuse reuse) const;
 
  private:
+  template <class Out>
+  void finish_rows_from(const Out* src, Out* dst, std::uint64_t rows, bool streamed,
+                        const std::byte* prefetch_end) const;
+
   std::uint64_t src_elems_ = 0;
   std::uint64_t out_elems_ = 0;
   bool select_ = false;

@@ -44,11 +44,11 @@ void copy_guarded(const ArraySource& source, std::uint64_t offset, std::uint64_t
 
 // `rows` source rows of `type` at `src` into output rows at `dst`: items of `out_size` bytes (4 float, 8 double).
 void convert_to(const RowTransform& t, const std::byte* src, const ScalarType& type, std::uint64_t rows,
-                std::uint32_t out_size, std::byte* dst) {
+                std::uint32_t out_size, std::byte* dst, detail::SourceReuse reuse = detail::SourceReuse::kAgain) {
   if (out_size == 4) {
-    t.apply<float>(src, type, rows, reinterpret_cast<float*>(dst));
+    t.apply<float>(src, type, rows, reinterpret_cast<float*>(dst), reuse);
   } else {
-    t.apply<double>(src, type, rows, reinterpret_cast<double*>(dst));
+    t.apply<double>(src, type, rows, reinterpret_cast<double*>(dst), reuse);
   }
 }
 
@@ -209,8 +209,8 @@ void Gather::will_need_all() const {
 }
 
 void Gather::convert_rows(const RowTransform& t, const std::byte* src, const ScalarType& type, std::uint64_t rows,
-                          std::byte* dst) const {
-  convert_to(t, src, type, rows, in_.out_size, dst);
+                          std::byte* dst, detail::SourceReuse reuse) const {
+  convert_to(t, src, type, rows, in_.out_size, dst, reuse);
 }
 
 void Gather::finish_rows(const RowTransform& t, std::byte* dst, std::uint64_t rows) const {
@@ -218,6 +218,15 @@ void Gather::finish_rows(const RowTransform& t, std::byte* dst, std::uint64_t ro
     t.finish<float>(reinterpret_cast<float*>(dst), rows);
   } else {
     t.finish<double>(reinterpret_cast<double*>(dst), rows);
+  }
+}
+
+void Gather::finish_streamed(const RowTransform& t, const std::byte* src, std::uint64_t rows, std::byte* dst,
+                             detail::SourceReuse reuse) const {
+  if (in_.out_size == 4) {
+    t.finish_streamed<float>(reinterpret_cast<const float*>(src), reinterpret_cast<float*>(dst), rows, reuse);
+  } else {
+    t.finish_streamed<double>(reinterpret_cast<const double*>(src), reinterpret_cast<double*>(dst), rows, reuse);
   }
 }
 
@@ -338,7 +347,10 @@ void Gather::gather_factors(std::size_t begin, std::vector<std::byte>& scratch, 
   const bool read_in_place = windows_in_place(factor, t, in_.out_size);
   // Rows stored as the output wants them (no conversion, no transform) into a batch past the caches: copied
   // with streaming stores.
-  const bool stream_rows = stream_x_ && t.identity() && st.kind == 'f' && st.size == in_.out_size && !st.swapped;
+  const bool native = st.kind == 'f' && st.size == in_.out_size && !st.swapped;
+  const bool stream_rows = stream_x_ && t.identity() && native;
+  // Replaced or normalised on the way, written past the caches just the same.
+  const bool stream_finished = stream_x_ && !t.selects() && t.finishes() && native;
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const Run& run = runs[i];
     const std::byte* ready = staged.empty() ? nullptr : staged[i];
@@ -373,13 +385,19 @@ void Gather::gather_factors(std::size_t begin, std::vector<std::byte>& scratch, 
           const std::byte* from = rows_data + static_cast<std::uint64_t>(a - run.first) * src_row_bytes;
           std::byte* to = out + static_cast<std::uint64_t>(before) * x_row_out;
           const std::uint64_t bytes = static_cast<std::uint64_t>(inside) * x_row_out;
-          if (stream_rows && bytes >= detail::kStreamedCopyBytes) {
-            // What convert_rows would do: a plain copy. Windows are sorted by first row: the next one of the run
-            // reads some of these rows again when it starts before this one ends.
-            const bool again = k + 1 < begin + run.end && clip(window_first(sample_at(order_[k + 1]))) < b;
-            detail::streaming_copy(to, from, bytes, again ? detail::SourceReuse::kAgain : detail::SourceReuse::kOnce);
+          // Windows are sorted by first row: the next one of the run reads some of these rows again when it
+          // starts before this one ends (they go through the caches).
+          const bool again = k + 1 < begin + run.end && clip(window_first(sample_at(order_[k + 1]))) < b;
+          const auto reuse = again ? detail::SourceReuse::kAgain : detail::SourceReuse::kOnce;
+          const bool streamed =
+              bytes >= detail::kStreamedCopyBytes &&
+              (stream_rows || (stream_finished && reinterpret_cast<std::uintptr_t>(from) % in_.out_size == 0));
+          if (streamed && stream_rows) {
+            detail::streaming_copy(to, from, bytes, reuse);  // what convert_rows would do, past the caches
+          } else if (streamed) {
+            finish_streamed(t, from, static_cast<std::uint64_t>(inside), to, reuse);
           } else {
-            convert_rows(t, from, st, static_cast<std::uint64_t>(inside), to);
+            convert_rows(t, from, st, static_cast<std::uint64_t>(inside), to, reuse);
           }
         }
         const std::int64_t after = window - before - inside;

@@ -3,11 +3,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define NPYFEED_STREAMING_STORES 1
-#endif
-
 namespace npyfeed::detail {
 
 bool stream_batch(std::uint64_t batch_bytes) {
@@ -24,7 +19,7 @@ namespace {
 // without displacing what the caches hold for other threads (a training step's working set: Keras' Python ran
 // 1.6x slower per step beside a gather whose source went through the caches), and the copy itself runs faster
 // (measured in docs/benchmarks.md). Only lines of the source are fetched.
-constexpr std::size_t kPrefetchAhead = 1024;
+constexpr std::size_t kPrefetchAhead = kSourcePrefetchBytes;
 
 template <bool kPrefetch>
 inline void prefetch_source(const std::byte* src, std::size_t i, std::size_t n) noexcept {

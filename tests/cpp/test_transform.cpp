@@ -1,8 +1,12 @@
 // The gather's row transform (transform.hpp) against values computed here: column specs resolved with Python's
 // slice semantics and numpy's negative indices; selection, NaN/inf replacement and normalisation for every
-// combination of options, from float32/float64/int16 (both byte orders) sources, misaligned sources too; mean
-// and std broadcast to N-d rows; every construction error naming its argument and value. Then the whole gather in
-// every read mode over C- and Fortran-order files. Mirrors tests/test_features.py.
+// combination of options, from float32/float64/int16 (both byte orders) sources, misaligned sources too; the
+// same written past the caches (finish_streamed); mean and std broadcast to N-d rows; every construction error
+// naming its argument and value. Then the whole gather in every read mode over C- and Fortran-order files.
+// Mirrors tests/test_features.py.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -112,6 +116,10 @@ void check_all_combinations(const char* what, std::uint64_t misalign) {
       CHECK(t.x().identity() == (flags == 0 && select == 2));
       std::vector<Out> out(rows * n, static_cast<Out>(12345));
       t.x().apply<Out>(src, type, rows, out.data());
+      // Read once (a selection fetches its next rows ahead): the same values.
+      std::vector<Out> once(rows * n, static_cast<Out>(12345));
+      t.x().apply<Out>(src, type, rows, once.data(), detail::SourceReuse::kOnce);
+      CHECK(std::memcmp(once.data(), out.data(), out.size() * sizeof(Out)) == 0);
       int bad = 0;
       for (std::size_t r = 0; r < rows; ++r) {
         for (std::size_t j = 0; j < n; ++j) {
@@ -159,6 +167,82 @@ TEST_CASE("RowTransform: every combination of options, float32 and float64, alig
   check_all_combinations<double>("float64", 0);
   check_all_combinations<float>("float32 misaligned", 1);
   check_all_combinations<double>("float64 misaligned", 4);
+}
+
+namespace {
+
+// finish_streamed against finish_from over rows of `cols` columns (blocks of 256 elements and a short one) whose
+// NaN and infinities sit in a few rows only (blocks with and without one): every option combination, both ways
+// of reading the source, the destination at every element offset mod 64 bytes, nothing outside it written, the
+// source ending where its mapping does (a page that faults when read follows it).
+template <class Out>
+void check_streamed(std::size_t cols) {
+  const std::size_t rows = 7;
+  const std::size_t n = rows * cols;
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t pages = (n * sizeof(Out) + page - 1) / page;
+  void* map = ::mmap(nullptr, (pages + 1) * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(map != MAP_FAILED);
+  auto* src = reinterpret_cast<Out*>(static_cast<std::byte*>(map) + pages * page - n * sizeof(Out));
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t r = i / cols;
+    const bool poisoned = r == 1 || r == 4;
+    src[i] = static_cast<Out>(!poisoned     ? static_cast<double>(i % 19) * 0.5 - 3
+                              : i % 7 == 3  ? kNan
+                              : i % 11 == 5 ? kInf
+                              : i % 13 == 8 ? -kInf
+                                            : static_cast<double>(i % 17) * 0.75 - 4);
+  }
+  REQUIRE(::mprotect(static_cast<std::byte*>(map) + pages * page, page, PROT_NONE) == 0);
+  constexpr std::size_t kGuard = 64 / sizeof(Out);
+  int bad = 0;
+  for (unsigned flags = 1; flags < 16; ++flags) {
+    TransformOptions o;
+    if (flags & 1) o.nan = -1.5;
+    if (flags & 2) o.posinf = 1e6;
+    if (flags & 4) o.neginf = -1e6;
+    if (flags & 8) {
+      o.normalize = true;
+      for (std::size_t j = 0; j < cols; ++j) {
+        o.mean.push_back(0.5 * static_cast<double>(j % 9) - 1);
+        o.std.push_back(0.25 + static_cast<double>(j % 5));
+      }
+      o.mean_shape = o.std_shape = {static_cast<std::int64_t>(cols)};
+    }
+    const GatherTransform t(o, {static_cast<std::int64_t>(cols)}, {}, sizeof(Out));
+    std::vector<Out> want(n);
+    t.x().finish_from<Out>(src, want.data(), rows);
+    for (const auto reuse : {detail::SourceReuse::kOnce, detail::SourceReuse::kAgain}) {
+      for (std::size_t offset = 0; offset < kGuard; ++offset) {
+        std::vector<Out> out(n + 3 * kGuard, static_cast<Out>(12345));
+        // 64-byte aligned storage: `offset` elements on, every address mod 64 an element can have.
+        Out* dst =
+            reinterpret_cast<Out*>((reinterpret_cast<std::uintptr_t>(out.data()) + 63) & ~std::uintptr_t{63}) + offset;
+        t.x().finish_streamed<Out>(src, dst, rows, reuse);
+        bool guards = true;
+        for (Out* p = out.data(); p < dst; ++p) guards = guards && *p == static_cast<Out>(12345);
+        for (Out* p = dst + n; p < out.data() + out.size(); ++p) guards = guards && *p == static_cast<Out>(12345);
+        const bool equal = std::memcmp(dst, want.data(), n * sizeof(Out)) == 0;
+        if ((!equal || !guards) && bad++ < 5) {
+          test::report(__FILE__, __LINE__,
+                       std::to_string(cols) + " columns, flags " + std::to_string(flags) + ", offset " +
+                           std::to_string(offset) + (equal ? "" : ": values differ from finish_from") +
+                           (guards ? "" : ": wrote outside the destination"));
+        }
+      }
+    }
+  }
+  CHECK_EQ(bad, 0);
+  ::munmap(map, (pages + 1) * page);
+}
+
+}  // namespace
+
+TEST_CASE("RowTransform: finish_streamed writes finish_from's values, reads only its source") {
+  for (std::size_t cols : {333, 256, 1024, 3}) {
+    check_streamed<float>(cols);
+    check_streamed<double>(cols);
+  }
 }
 
 TEST_CASE("RowTransform: converting sources (int16 both orders, float64 to float32) select, replace, normalise") {

@@ -3,8 +3,15 @@
 // overwriting it nor evicts the data still to be copied, and loads that leave the caches to the other threads.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define NPYFEED_STREAMING_STORES 1
+#endif
 
 namespace npyfeed::detail {
 
@@ -27,5 +34,43 @@ enum class SourceReuse { kOnce, kAgain };
 /// CPU and the kernel allow it), fenced: the bytes are visible to other threads once it returns, ordered as
 /// memcpy's. No byte outside the source is read or fetched. Any alignment, any length; memcpy elsewhere.
 void streaming_copy(std::byte* dst, const std::byte* src, std::size_t n, SourceReuse reuse) noexcept;
+
+/// Bytes ahead of the one being read at which a streamed read fetches its source (see streaming_copy).
+inline constexpr std::size_t kSourcePrefetchBytes = 1024;
+
+/// Fetches the cache lines of [from, to) with a non-temporal hint, where the CPU has one (streaming_copy's
+/// prefetch, for loops that read their source themselves). Touches no byte: the range may be past the data.
+/// Inline (as stream_unfenced), for loops that call it once a row.
+inline void prefetch_once(const std::byte* from, const std::byte* to) noexcept {
+#if NPYFEED_STREAMING_STORES
+  for (const std::byte* p = from; p < to; p += 64) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_NTA);
+#else
+  (void)from;
+  (void)to;
+#endif
+}
+
+/// streaming_copy without the fence and without any prefetch: for a source just written by this thread (a block in
+/// L1), many such stores fenced once by stream_fence().
+inline void stream_unfenced(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
+#if NPYFEED_STREAMING_STORES
+  const std::size_t head = std::min(n, (64 - (reinterpret_cast<std::uintptr_t>(dst) & 63u)) & 63u);
+  const std::size_t body = (n - head) & ~std::size_t{63};
+  std::memcpy(dst, src, head);
+  for (std::size_t i = head; i < head + body; i += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+  }
+  std::memcpy(dst + head + body, src + head + body, n - head - body);
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+/// Orders the stream_unfenced stores before this thread's next stores, and makes them visible.
+inline void stream_fence() noexcept {
+#if NPYFEED_STREAMING_STORES
+  _mm_sfence();
+#endif
+}
 
 }  // namespace npyfeed::detail
