@@ -9,6 +9,11 @@ consumers with another npyfeed install (streaming on: ``pip install --no-build-i
 <checkout>``, imported with ``PYTHONPATH=DIR``) in the same rounds: a before/after of a change to the copy itself
 (e.g. the non-temporal prefetch of the source), reported as this build over the baseline per round.
 
+``--options`` gives every variant the same gather options (``nan``: ``nan=0, posinf=1e6, neginf=-1e6``;
+``normalize``: a mean and std per column; ``every4th``: ``features=slice(None, None, 4)``; ``all``: the first
+two and a quarter of the columns as a slice), and ``--sequential`` reads the windows in index order (overlapping
+windows one after another) instead of shuffled: the converting and selecting paths, measured the same way.
+
 One warm data set (default 60 keys of (4800, 256) float32, ~295 MB, W=100, B=256, mode="mmap"). Each round is a
 fresh process per variant (off, on), their order alternating between rounds; a process runs each consumer over
 the same source: the numpy iterator (``src.batches``, nothing read), the numpy iterator whose consumer reads the
@@ -20,6 +25,7 @@ batch (all threads, getrusage), and on/off per round; beside them the machine's 
 ```
 python bench/bench_streaming.py --dir /tmp/streaming-data [--rounds 6] [--json out.json]
 python bench/bench_streaming.py --dir /tmp/streaming-data --baseline /tmp/npyfeed-before
+python bench/bench_streaming.py --dir /tmp/streaming-data --baseline /tmp/npyfeed-before --options nan --sequential
 python bench/bench_streaming.py --quick          # seconds: a smoke run, numbers meaningless
 ```
 """
@@ -36,6 +42,19 @@ from pathlib import Path
 
 VARIANTS = {"off": "0", "on": None}  # NPYFEED_STREAMING: "0", or unset (the default: on from 16 MiB a batch)
 CONSUMERS = ("numpy", "numpy, batch read", "tf.function")
+OPTIONS = ("none", "nan", "normalize", "every4th", "all")
+
+
+def gather_options(name: str, cols: int) -> dict:
+    """The WindowSource keyword arguments of --options `name` for rows of `cols` columns."""
+    import numpy as np
+
+    mean, std = np.linspace(-1.0, 1.0, cols), np.linspace(0.5, 2.0, cols)
+    replace = {"nan": 0.0, "posinf": 1e6, "neginf": -1e6}
+    quarter = slice(0, max(cols // 4, 1))
+    return {"none": {}, "nan": replace, "normalize": {"normalize": (mean, std)},
+            "every4th": {"features": slice(None, None, 4)},
+            "all": {**replace, "features": quarter, "normalize": (mean[quarter], std[quarter])}}[name]
 
 
 def child(cfg: dict) -> dict:
@@ -43,15 +62,15 @@ def child(cfg: dict) -> dict:
     import npyfeed
 
     src = npyfeed.WindowSource(cfg["index_paths"], cfg["factor_dir"], cfg["label_dir"], cfg["window"],
-                               mode="mmap", threads=cfg["threads"])
-    batch, batches = cfg["batch"], cfg["batches"]
+                               mode="mmap", threads=cfg["threads"], **gather_options(cfg["options"], cfg["cols"]))
+    batch, batches, shuffle = cfg["batch"], cfg["batches"], not cfg["sequential"]
     epoch = [0]
 
     def numpy_rows(read: bool):
         def run() -> int:
             epoch[0] += 1
             n = 0
-            for i, (x, _y) in enumerate(src.batches(batch, shuffle=True, epoch=epoch[0])):
+            for i, (x, _y) in enumerate(src.batches(batch, shuffle=shuffle, epoch=epoch[0])):
                 n += len(x)
                 if read:
                     float(x.sum())
@@ -66,7 +85,7 @@ def child(cfg: dict) -> dict:
         import npyfeed.tf as nftf
         import tensorflow as tf
 
-        iterator = iter(nftf.dataset(src, batch, shuffle=True).repeat())
+        iterator = iter(nftf.dataset(src, batch, shuffle=shuffle).repeat())
 
         @tf.function
         def consume(steps):
@@ -77,7 +96,7 @@ def child(cfg: dict) -> dict:
             return samples
 
         runs["tf.function"] = lambda: int(consume(tf.constant(batches, tf.int64)))
-    out = {"load": os.getloadavg()[0], "consumers": {}}
+    out = {"load": os.getloadavg()[0], "x_shape": list(src.x_shape), "consumers": {}}
     for name, run in runs.items():
         run()  # warm-up: mappings, buffers, tracing
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -117,6 +136,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--no-tf", action="store_true", help="skip the tf.function consumer (no TensorFlow import)")
     p.add_argument("--baseline", metavar="DIR", help="also run another npyfeed install (streaming on) in the same rounds")
+    p.add_argument("--options", choices=OPTIONS, default="none", help="gather options of every variant (default none)")
+    p.add_argument("--sequential", action="store_true", help="windows in index order (default: shuffled)")
     args = p.parse_args(argv)
     if args.quick:
         args.files, args.rows, args.cols, args.repeats, args.batch, args.batches = 3, 400, 16, 1, 32, 4
@@ -132,12 +153,14 @@ def main(argv=None) -> int:
     ds = common.make_dataset(args.dir, spec)
     factor_dir, label_dir = common.link_dir(Path(args.dir) / "streaming-links" / spec.name, ds)
     cfg = {"index_paths": ds.index_paths, "factor_dir": factor_dir, "label_dir": label_dir, "window": args.window,
-           "threads": threads, "batch": args.batch, "batches": args.batches, "tf": use_tf,
+           "threads": threads, "batch": args.batch, "batches": args.batches, "tf": use_tf, "cols": args.cols,
+           "options": args.options, "sequential": args.sequential,
            "cache_dir": str(Path(args.dir).resolve() / "streaming-cache")}
     sample_bytes = args.window * args.cols * 4
     print(f"streaming stores off/on: {spec.files} x ({spec.rows}, {spec.cols}) {spec.dtype}, W={args.window}, "
           f"B={args.batch} ({args.batch * sample_bytes / 2**20:.1f} MiB a batch of x), threads={threads}, "
-          f"{args.batches} batches per consumer, {args.repeats} rounds", flush=True)
+          f"{args.batches} batches per consumer, {args.repeats} rounds, options {args.options}, "
+          f"{'in index order' if args.sequential else 'shuffled'}", flush=True)
     common.warm(ds.factor_paths + ds.label_paths)
     variants = list(VARIANTS) + (["baseline"] if args.baseline else [])
     runs = {v: [] for v in variants}

@@ -213,3 +213,18 @@ def test_bench_streaming_quick(tmp_path):
             assert len(row["rates"]) == 1 and row["samples_per_s"] > 0 and 0 < row["x_limit"], row
         for ratio in ("on/off", "on/baseline"):
             assert len(summary[f"{consumer}: {ratio}"]) == 1 and summary[f"{consumer}: {ratio}"][0] > 0
+
+
+@pytest.mark.parametrize("options", ["all", "every4th"])
+def test_bench_streaming_options_quick(tmp_path, options):
+    """The converting and selecting paths, in index order: each variant's source opened with the options."""
+    out = tmp_path / "streaming.json"
+    proc = run_bench("bench_streaming.py", tmp_path, "--no-tf", "--json", str(out), "--options", options,
+                     "--sequential", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"options {options}, in index order" in proc.stdout, proc.stdout
+    result = json.loads(out.read_text())
+    assert result["args"]["options"] == options and result["args"]["sequential"] is True
+    # --quick rows have 16 columns: a quarter of them selected, in every variant's source.
+    for variant in ("off", "on"):
+        assert result["runs"][variant][0]["x_shape"] == [result["args"]["window"], 4], result["runs"][variant]
