@@ -2,12 +2,14 @@
 
 A batch of the users' shape (B=256 windows of (100, 256) float32: 26 MB) is larger than what the caches keep
 between the gather and its consumer; memcpy's stores first read every destination line in (a read for
-ownership) and push out the data still to be copied. From 16 MiB a batch, npyfeed writes the windows that need
-no conversion with non-temporal (streaming) stores instead (docs/windows.md); ``NPYFEED_STREAMING=0`` in the
-environment turns that off, which is the "before" here. With ``--baseline DIR`` a third variant runs the same
-consumers with another npyfeed install (streaming on: ``pip install --no-build-isolation --no-deps --target DIR
-<checkout>``, imported with ``PYTHONPATH=DIR``) in the same rounds: a before/after of a change to the copy itself
-(e.g. the non-temporal prefetch of the source), reported as this build over the baseline per round.
+ownership) and push out the data still to be copied. From 16 MiB a batch, or a quarter of the CPU's last-level
+cache where that is more, npyfeed writes the windows with non-temporal (streaming) stores instead
+(docs/windows.md). Here ``NPYFEED_STREAMING=0`` (off) runs against ``=1`` (on, whatever the batch size); the
+run prints which of the two this machine's default is for the batch. With ``--baseline DIR`` a third variant
+runs the same consumers with another npyfeed install (streaming on: ``pip install --no-build-isolation
+--no-deps --target DIR <checkout>``, imported with ``PYTHONPATH=DIR``) in the same rounds: a before/after of a
+change to the copy itself (e.g. the non-temporal prefetch of the source), reported as this build over the
+baseline per round.
 
 ``--options`` gives every variant the same gather options (``nan``: ``nan=0, posinf=1e6, neginf=-1e6``;
 ``normalize``: a mean and std per column; ``every4th``: ``features=slice(None, None, 4)``; ``all``: the first
@@ -40,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-VARIANTS = {"off": "0", "on": None}  # NPYFEED_STREAMING: "0", or unset (the default: on from 16 MiB a batch)
+VARIANTS = {"off": "0", "on": "1"}  # NPYFEED_STREAMING, for this build and (on) the baseline
 CONSUMERS = ("numpy", "numpy, batch read", "tf.function")
 OPTIONS = ("none", "nan", "normalize", "every4th", "all")
 
@@ -161,6 +163,12 @@ def main(argv=None) -> int:
           f"B={args.batch} ({args.batch * sample_bytes / 2**20:.1f} MiB a batch of x), threads={threads}, "
           f"{args.batches} batches per consumer, {args.repeats} rounds, options {args.options}, "
           f"{'in index order' if args.sequential else 'shuffled'}", flush=True)
+    from npyfeed import _core
+
+    cache, streamed_from = _core.last_level_cache_bytes(), _core.streamed_batch_bytes()
+    print(f"this machine: last-level cache {cache / 2**20:,.0f} MiB; by default batches are streamed from "
+          f"{streamed_from / 2**20:,.0f} MiB: this one "
+          f"{'is (on)' if args.batch * sample_bytes >= streamed_from else 'is not (off)'}", flush=True)
     common.warm(ds.factor_paths + ds.label_paths)
     variants = list(VARIANTS) + (["baseline"] if args.baseline else [])
     runs = {v: [] for v in variants}
@@ -168,7 +176,7 @@ def main(argv=None) -> int:
     for r in range(args.repeats):
         limits.append(common.memcpy_bandwidth(threads) * common.GB / sample_bytes)
         for v in (variants if r % 2 == 0 else list(reversed(variants))):
-            runs[v].append(run_child(cfg, None, args.baseline) if v == "baseline" else run_child(cfg, VARIANTS[v]))
+            runs[v].append(run_child(cfg, "1", args.baseline) if v == "baseline" else run_child(cfg, VARIANTS[v]))
         print(f"  round {r + 1}: " + "  ".join(
             f"{v}: " + " / ".join(f"{c['samples_per_s']:,.0f}" for c in runs[v][-1]["consumers"].values())
             for v in variants) + f"  load {os.getloadavg()[0]:.2f}", flush=True)
@@ -210,6 +218,7 @@ def main(argv=None) -> int:
           f"on {common.machine_info()['cpus']} CPUs")
     if args.json:
         common.write_json(args.json, {"args": vars(args), "machine": common.machine_info(), "limit": limit,
+                                      "streamed_batch_bytes": streamed_from,
                                       "limits": limits, "summary": summary, "runs": runs})
     return 0
 

@@ -144,7 +144,8 @@ def test_merge_chain_longer_than_the_span_limit(long_chain, mode):
 def past_the_caches(tmp_path_factory):
     """``past_the_caches(source)``: 3 keys of (600, 257) factors, W=17 (windows of 17,476 bytes as float32, at
     every offset mod 64 in a batch), 1,000 samples: one gather of all of them is 17.5 MB as float32, past the
-    16 MiB from which windows are copied with streaming stores; a few samples leave their arrays (bounds='pad')."""
+    16 MiB from which windows may be copied with streaming stores (by default from a quarter of the last-level
+    cache where that is more: NPYFEED_STREAMING=1 forces them); a few samples leave their arrays (bounds='pad')."""
     cache = {}
 
     def get(source):
@@ -165,8 +166,9 @@ def past_the_caches(tmp_path_factory):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("source", ["<f4", "<f8", ">f4"])
 def test_batches_copied_with_streaming_stores_equal_numpy(past_the_caches, source, mode, streaming, monkeypatch):
-    """Windows copied into the batch with streaming stores (NPYFEED_STREAMING=1; by default from 16 MiB a batch:
-    the whole-epoch gather here) or memcpy (=0): the same bytes as numpy slicing, converted or not."""
+    """Windows copied into the batch with streaming stores (NPYFEED_STREAMING=1), with memcpy (=0) or as the
+    default decides (the whole-epoch gather here is streamed where the last-level cache is at most 64 MiB): the
+    same bytes as numpy slicing, converted or not."""
     if streaming is None:
         monkeypatch.delenv("NPYFEED_STREAMING", raising=False)
     else:
@@ -178,6 +180,37 @@ def test_batches_copied_with_streaming_stores_equal_numpy(past_the_caches, sourc
         assert_batch(src.get(np.arange(n)), reference(ds, ds.entries, out))
         check_epoch(src, ds, out, 64, shuffle=True, seed=3)
 
+
+
+def _last_level_cache_bytes() -> int:
+    """The largest data or unified cache of cpu0's highest level, as sysfs describes it; else sysconf's L3."""
+    best = (0, 0)
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        def read(field, index=name):
+            with open(os.path.join(root, index, field)) as f:
+                return f.read().strip()
+        try:
+            if not name.startswith("index") or read("type") not in ("Data", "Unified"):
+                continue
+            size = read("size")
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+            best = max(best, (int(read("level")), int(size.rstrip("KMG")) * scale))
+        except (OSError, ValueError):
+            continue
+    if best[1] == 0 and hasattr(os, "sysconf") and "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names:
+        return max(os.sysconf("SC_LEVEL3_CACHE_SIZE"), 0)
+    return best[1]
+
+
+def test_streaming_threshold_follows_the_last_level_cache():
+    """Batches are streamed by default from 16 MiB or a quarter of the last-level cache, whichever is more: a
+    batch the cache keeps is cheaper written through it (docs/benchmarks.md)."""
+    from npyfeed import _core
+
+    cache = _last_level_cache_bytes()
+    assert _core.last_level_cache_bytes() == cache
+    assert _core.streamed_batch_bytes() == max(16 << 20, cache // 4)
 
 _DIRECT_REFUSED = """
     from pathlib import Path

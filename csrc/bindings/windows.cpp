@@ -7,6 +7,7 @@
 #include "bind.hpp"
 #include "convert.hpp"
 #include "gil.hpp"
+#include "npyfeed/detail/stream_copy.hpp"
 #include "npyfeed/index.hpp"
 #include "npyfeed/index_cache.hpp"
 #include "npyfeed/thread_pool.hpp"
@@ -225,6 +226,11 @@ void bind_windows(py::module_& m) {
         return wrap_window_batch(*s, batch);
       });
 
+  m.def(
+      "last_level_cache_bytes", [] { return detail::last_level_cache_bytes(); },
+      "Bytes of this CPU's last-level cache (sysfs, else sysconf), 0 where unknown.");
+  m.def("streamed_batch_bytes", &detail::streamed_batch_bytes,
+        "Output bytes of a batch from which gathers write it with streaming stores (NPYFEED_STREAMING unset).");
   m.def(
       "open_window_files",
       [](SampleIndex& index, const std::vector<std::string>& factor_paths, const std::vector<std::string>& label_paths,

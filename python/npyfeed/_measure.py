@@ -18,6 +18,8 @@ from typing import Callable
 
 import numpy as np
 
+from . import _core
+
 GB = 1e9
 PAGE = mmap.PAGESIZE
 DIRECT_ALIGN = 4096  # O_DIRECT alignment used by the limit probes (what every Linux block device accepts)
@@ -226,4 +228,17 @@ def machine_info() -> dict:
     except (ValueError, OSError):
         mem = None
     return {"cpus": cpus, "memory_bytes": mem, "kernel": platform.release(), "python": platform.python_version(),
-            "numpy": np.__version__}
+            "numpy": np.__version__, "cpu": cpu_model(), "last_level_cache_bytes": _core.last_level_cache_bytes()}
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (/proc/cpuinfo), or None where the system does not say."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Processor", "cpu model"):
+                    return value.strip()
+    except OSError:
+        pass
+    return None
