@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from pathlib import Path
 
 import npyfeed
 import numpy as np
@@ -184,21 +185,17 @@ def test_batches_copied_with_streaming_stores_equal_numpy(past_the_caches, sourc
 
 def _last_level_cache_bytes() -> int:
     """The largest data or unified cache of cpu0's highest level, as sysfs describes it; else sysconf's L3."""
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
     best = (0, 0)
-    root = "/sys/devices/system/cpu/cpu0/cache"
-    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-        def read(field, index=name):
-            with open(os.path.join(root, index, field)) as f:
-                return f.read().strip()
+    for index in sorted(root.glob("index*")):
         try:
-            if not name.startswith("index") or read("type") not in ("Data", "Unified"):
-                continue
-            size = read("size")
-            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
-            best = max(best, (int(read("level")), int(size.rstrip("KMG")) * scale))
+            kind, level, size = ((index / f).read_text().strip() for f in ("type", "level", "size"))
+            nbytes = int(size.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+            if kind in ("Data", "Unified") and nbytes > 0:
+                best = max(best, (int(level), nbytes))
         except (OSError, ValueError):
             continue
-    if best[1] == 0 and hasattr(os, "sysconf") and "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names:
+    if best[1] == 0 and "SC_LEVEL3_CACHE_SIZE" in getattr(os, "sysconf_names", {}):
         return max(os.sysconf("SC_LEVEL3_CACHE_SIZE"), 0)
     return best[1]
 
