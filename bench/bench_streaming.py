@@ -2,10 +2,9 @@
 
 A batch of the users' shape (B=256 windows of (100, 256) float32: 26 MB) is larger than what the caches keep
 between the gather and its consumer; memcpy's stores first read every destination line in (a read for
-ownership) and push out the data still to be copied. From 16 MiB a batch, or a quarter of the CPU's last-level
-cache where that is more, npyfeed writes the windows with non-temporal (streaming) stores instead
-(docs/windows.md). Here ``NPYFEED_STREAMING=0`` (off) runs against ``=1`` (on, whatever the batch size); the
-run prints which of the two this machine's default is for the batch. With ``--baseline DIR`` a third variant
+ownership) and push out the data still to be copied. From 16 MiB a batch, npyfeed writes the windows with
+non-temporal (streaming) stores instead (docs/windows.md). Here ``NPYFEED_STREAMING=0`` (off) runs against
+``=1`` (on, whatever the batch size); ``NPYFEED_PREFETCH`` in the environment applies to every variant. With ``--baseline DIR`` a third variant
 runs the same consumers with another npyfeed install (streaming on: ``pip install --no-build-isolation
 --no-deps --target DIR <checkout>``, imported with ``PYTHONPATH=DIR``) in the same rounds: a before/after of a
 change to the copy itself (e.g. the non-temporal prefetch of the source), reported as this build over the
@@ -165,10 +164,10 @@ def main(argv=None) -> int:
           f"{'in index order' if args.sequential else 'shuffled'}", flush=True)
     from npyfeed import _core
 
-    cache, streamed_from = _core.last_level_cache_bytes(), _core.streamed_batch_bytes()
-    print(f"this machine: last-level cache {cache / 2**20:,.0f} MiB; by default batches are streamed from "
-          f"{streamed_from / 2**20:,.0f} MiB: this one "
-          f"{'is (on)' if args.batch * sample_bytes >= streamed_from else 'is not (off)'}", flush=True)
+    machine = common.machine_info()
+    print(f"this machine: {machine['cpu']}, last-level cache {(machine['last_level_cache_bytes'] or 0) / 2**20:,.0f} "
+          f"MiB; the source read once fetched with a non-temporal prefetch: "
+          f"{'yes' if _core.prefetch_read_once() else 'no'} (NPYFEED_PREFETCH)", flush=True)
     common.warm(ds.factor_paths + ds.label_paths)
     variants = list(VARIANTS) + (["baseline"] if args.baseline else [])
     runs = {v: [] for v in variants}
@@ -218,7 +217,7 @@ def main(argv=None) -> int:
           f"on {common.machine_info()['cpus']} CPUs")
     if args.json:
         common.write_json(args.json, {"args": vars(args), "machine": common.machine_info(), "limit": limit,
-                                      "streamed_batch_bytes": streamed_from,
+                                      "prefetch_read_once": _core.prefetch_read_once(),
                                       "limits": limits, "summary": summary, "runs": runs})
     return 0
 

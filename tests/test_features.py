@@ -248,12 +248,12 @@ def _sparsely_poisoned(rng, shape, dtype) -> np.ndarray:
 
 
 @pytest.mark.parametrize("source", ["float32", "float64"])
-@pytest.mark.parametrize("streaming", ["1", "0"])
-def test_options_written_past_the_caches_match_numpy(tmp_path, source, streaming, monkeypatch):
+@pytest.mark.parametrize("streaming, prefetch", [("1", "1"), ("1", "0"), ("0", "1")])
+def test_options_written_past_the_caches_match_numpy(tmp_path, source, streaming, prefetch, monkeypatch):
     """Replaced and normalised windows written with streaming stores (NPYFEED_STREAMING=1; by default from
-    16 MiB a batch, or a quarter of the last-level cache) or through the caches (=0): numpy's values, in every
-    mode, output dtype and order."""
+    16 MiB a batch) or through the caches (=0): numpy's values, in every mode, output dtype and order."""
     monkeypatch.setenv("NPYFEED_STREAMING", streaming)
+    monkeypatch.setenv("NPYFEED_PREFETCH", prefetch)  # the source read once fetched ahead (=1) or not
     ds = DataSet(tmp_path, False, factor_shape=(ROWS, WIDE), dtype=source)
     rng = np.random.default_rng(7)
     for k in KEYS:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import zlib
-from pathlib import Path
 
 import npyfeed
 import numpy as np
@@ -145,8 +144,7 @@ def test_merge_chain_longer_than_the_span_limit(long_chain, mode):
 def past_the_caches(tmp_path_factory):
     """``past_the_caches(source)``: 3 keys of (600, 257) factors, W=17 (windows of 17,476 bytes as float32, at
     every offset mod 64 in a batch), 1,000 samples: one gather of all of them is 17.5 MB as float32, past the
-    16 MiB from which windows may be copied with streaming stores (by default from a quarter of the last-level
-    cache where that is more: NPYFEED_STREAMING=1 forces them); a few samples leave their arrays (bounds='pad')."""
+    16 MiB from which windows are copied with streaming stores; a few samples leave their arrays (bounds='pad')."""
     cache = {}
 
     def get(source):
@@ -163,17 +161,20 @@ def past_the_caches(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("streaming", ["1", "0", None])
+@pytest.mark.parametrize("streaming, prefetch", [("1", "1"), ("1", "0"), ("0", "1"), ("0", "0"), (None, None)])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("source", ["<f4", "<f8", ">f4"])
-def test_batches_copied_with_streaming_stores_equal_numpy(past_the_caches, source, mode, streaming, monkeypatch):
-    """Windows copied into the batch with streaming stores (NPYFEED_STREAMING=1), with memcpy (=0) or as the
-    default decides (the whole-epoch gather here is streamed where the last-level cache is at most 64 MiB): the
-    same bytes as numpy slicing, converted or not."""
-    if streaming is None:
-        monkeypatch.delenv("NPYFEED_STREAMING", raising=False)
-    else:
-        monkeypatch.setenv("NPYFEED_STREAMING", streaming)
+def test_batches_copied_with_streaming_stores_equal_numpy(past_the_caches, source, mode, streaming, prefetch,
+                                                          monkeypatch):
+    """Windows copied into the batch with streaming stores (NPYFEED_STREAMING=1; by default from 16 MiB a batch:
+    the whole-epoch gather here) or memcpy (=0), their source read once fetched ahead with a non-temporal hint
+    (NPYFEED_PREFETCH=1) or not (=0), or as this CPU's defaults: the same bytes as numpy slicing, converted or
+    not."""
+    for name, value in (("NPYFEED_STREAMING", streaming), ("NPYFEED_PREFETCH", prefetch)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
     ds = past_the_caches(source)
     n = len(ds.entries)
     for out in OUT_DTYPES:
@@ -181,33 +182,6 @@ def test_batches_copied_with_streaming_stores_equal_numpy(past_the_caches, sourc
         assert_batch(src.get(np.arange(n)), reference(ds, ds.entries, out))
         check_epoch(src, ds, out, 64, shuffle=True, seed=3)
 
-
-
-def _last_level_cache_bytes() -> int:
-    """The largest data or unified cache of cpu0's highest level, as sysfs describes it; else sysconf's L3."""
-    root = Path("/sys/devices/system/cpu/cpu0/cache")
-    best = (0, 0)
-    for index in sorted(root.glob("index*")):
-        try:
-            kind, level, size = ((index / f).read_text().strip() for f in ("type", "level", "size"))
-            nbytes = int(size.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
-            if kind in ("Data", "Unified") and nbytes > 0:
-                best = max(best, (int(level), nbytes))
-        except (OSError, ValueError):
-            continue
-    if best[1] == 0 and "SC_LEVEL3_CACHE_SIZE" in getattr(os, "sysconf_names", {}):
-        return max(os.sysconf("SC_LEVEL3_CACHE_SIZE"), 0)
-    return best[1]
-
-
-def test_streaming_threshold_follows_the_last_level_cache():
-    """Batches are streamed by default from 16 MiB or a quarter of the last-level cache, whichever is more: a
-    batch the cache keeps is cheaper written through it (docs/benchmarks.md)."""
-    from npyfeed import _core
-
-    cache = _last_level_cache_bytes()
-    assert _core.last_level_cache_bytes() == cache
-    assert _core.streamed_batch_bytes() == max(16 << 20, cache // 4)
 
 _DIRECT_REFUSED = """
     from pathlib import Path

@@ -226,11 +226,8 @@ void bind_windows(py::module_& m) {
         return wrap_window_batch(*s, batch);
       });
 
-  m.def(
-      "last_level_cache_bytes", [] { return detail::last_level_cache_bytes(); },
-      "Bytes of this CPU's last-level cache (sysfs, else sysconf), 0 where unknown.");
-  m.def("streamed_batch_bytes", &detail::streamed_batch_bytes,
-        "Output bytes of a batch from which gathers write it with streaming stores (NPYFEED_STREAMING unset).");
+  m.def("prefetch_read_once", &detail::prefetch_read_once,
+        "Whether gathers fetch the source rows they read once with a non-temporal prefetch (NPYFEED_PREFETCH).");
   m.def(
       "open_window_files",
       [](SampleIndex& index, const std::vector<std::string>& factor_paths, const std::vector<std::string>& label_paths,

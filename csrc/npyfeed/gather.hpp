@@ -124,7 +124,8 @@ class Gather {
   std::byte* x_;
   std::byte* y_;
   std::size_t keys_per_wave_ = 1;
-  bool stream_x_ = false;  // windows copied into x_ with streaming stores (detail/stream_copy.hpp)
+  bool stream_x_ = false;       // windows copied into x_ with streaming stores (detail/stream_copy.hpp)
+  bool prefetch_once_ = false;  // rows read once fetched with a non-temporal prefetch (detail::prefetch_read_once)
 };
 
 }  // namespace npyfeed

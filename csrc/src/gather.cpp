@@ -165,6 +165,7 @@ Gather::Gather(const GatherInput& input, std::vector<std::int64_t> ids, std::byt
   key_begin_.push_back(order_.size());
   const std::uint64_t x_row_out = in_.transform->x().out_elems() * in_.out_size;
   stream_x_ = detail::stream_batch(ids_.size() * static_cast<std::uint64_t>(in_.window) * x_row_out);
+  prefetch_once_ = detail::prefetch_read_once();
 }
 
 // On a cold cache, tells the kernel about every window of the batch before the workers touch them: it then
@@ -388,7 +389,7 @@ void Gather::gather_factors(std::size_t begin, std::vector<std::byte>& scratch, 
           // Windows are sorted by first row: the next one of the run reads some of these rows again when it
           // starts before this one ends (they go through the caches).
           const bool again = k + 1 < begin + run.end && clip(window_first(sample_at(order_[k + 1]))) < b;
-          const auto reuse = again ? detail::SourceReuse::kAgain : detail::SourceReuse::kOnce;
+          const auto reuse = again || !prefetch_once_ ? detail::SourceReuse::kAgain : detail::SourceReuse::kOnce;
           const bool streamed =
               bytes >= detail::kStreamedCopyBytes &&
               (stream_rows || (stream_finished && reinterpret_cast<std::uintptr_t>(from) % in_.out_size == 0));

@@ -1,91 +1,47 @@
 #include "npyfeed/detail/stream_copy.hpp"
 
-#include <unistd.h>
-
-#include <algorithm>
-#include <cctype>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
-#include <fstream>
 #include <string>
 
-namespace npyfeed::detail {
-
-namespace {
-
-// "491520K", "16M", "32768": bytes, or 0 where the text is not a size.
-std::uint64_t parse_cache_size(const std::string& text) {
-  std::size_t end = 0;
-  std::uint64_t value = 0;
-  try {
-    value = std::stoull(text, &end);
-  } catch (const std::exception&) {
-    return 0;
-  }
-  std::string unit = text.substr(end);
-  while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.back()))) unit.pop_back();
-  if (unit.empty()) return value;
-  if (unit == "K") return value << 10;
-  if (unit == "M") return value << 20;
-  if (unit == "G") return value << 30;
-  return 0;
-}
-
-std::string first_line(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return in || in.eof() ? line : std::string();
-}
-
-}  // namespace
-
-std::uint64_t last_level_cache_bytes(const std::string& cache_dir) noexcept {
-  try {
-    long best_level = 0;
-    std::uint64_t best_bytes = 0;
-    for (int i = 0; i < 16; ++i) {
-      const std::string index = cache_dir + "/index" + std::to_string(i) + "/";
-      const std::string type = first_line(index + "type");
-      if (type != "Data" && type != "Unified") continue;
-      const std::string level_text = first_line(index + "level");
-      char* end = nullptr;
-      const long level = std::strtol(level_text.c_str(), &end, 10);
-      const std::uint64_t bytes = parse_cache_size(first_line(index + "size"));
-      if (end == level_text.c_str() || bytes == 0) continue;
-      if (level > best_level || (level == best_level && bytes > best_bytes)) {
-        best_level = level;
-        best_bytes = bytes;
-      }
-    }
-    return best_bytes;
-  } catch (...) {  // allocation failure: nothing known
-    return 0;
-  }
-}
-
-std::uint64_t last_level_cache_bytes() noexcept {
-  const std::uint64_t cache = last_level_cache_bytes("/sys/devices/system/cpu/cpu0/cache");
-#ifdef _SC_LEVEL3_CACHE_SIZE
-  if (cache == 0) {
-    const long l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
-    if (l3 > 0) return static_cast<std::uint64_t>(l3);
-  }
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #endif
-  return cache;
-}
 
-std::uint64_t streamed_batch_bytes() noexcept {
-  static const std::uint64_t bytes = std::max(kStreamedBatchBytes, last_level_cache_bytes() / 4);
-  return bytes;
-}
+namespace npyfeed::detail {
 
 bool stream_batch(std::uint64_t batch_bytes) {
   const char* env = std::getenv("NPYFEED_STREAMING");
   if (env != nullptr && std::strcmp(env, "0") == 0) return false;
   if (env != nullptr && std::strcmp(env, "1") == 0) return true;
-  return batch_bytes >= streamed_batch_bytes();
+  return batch_bytes >= kStreamedBatchBytes;
+}
+
+namespace {
+
+// The CPU's vendor string (CPUID leaf 0), or "" where there is none.
+std::string cpu_vendor() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return {};
+  char vendor[12];
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  return std::string(vendor, sizeof vendor);
+#else
+  return {};
+#endif
+}
+
+}  // namespace
+
+bool prefetch_read_once() {
+  static const bool on_this_cpu = cpu_vendor() == "AuthenticAMD";
+  const char* env = std::getenv("NPYFEED_PREFETCH");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  if (env != nullptr && std::strcmp(env, "1") == 0) return true;
+  return on_this_cpu;
 }
 
 #if NPYFEED_STREAMING_STORES

@@ -353,21 +353,24 @@ void RowTransform::apply(const std::byte* src, const ScalarType& type, std::uint
   // loops: with the prefetch only a branch away, the loop without it ran 20% slower.
   const std::uint64_t first_needed = needed_.front() * isz;
   const std::uint64_t end_needed = (needed_.back() + 1) * isz;
-  auto select = [&](auto ahead) {
+  // Everything the loops read copied into locals: a store to `d` could otherwise alias them (the members, the
+  // captured variables), reloaded for every element (a selection of every 4th column ran 8% slower).
+  const std::uint64_t out_elems = out_elems_;
+  auto select = [=, this](auto ahead) {
     for (std::uint64_t r0 = 0; r0 < rows; r0 += chunk) {
       const std::uint64_t r1 = std::min(rows, r0 + chunk);
       for (std::uint64_t r = r0; r < r1; ++r) {
         const std::byte* s = src + r * row_bytes;
-        Out* d = dst + r * out_elems_;
+        Out* d = dst + r * out_elems;
         if (ahead && r + 1 < rows) detail::prefetch_once(s + row_bytes + first_needed, s + row_bytes + end_needed);
         if (gather) {
           const Out* in = reinterpret_cast<const Out*>(s);
-          for (std::uint64_t j = 0; j < out_elems_; ++j) d[j] = in[cols[j]];
+          for (std::uint64_t j = 0; j < out_elems; ++j) d[j] = in[cols[j]];
         } else {
           for (const ColumnRun& run : runs_) detail::convert(s + run.src * isz, type, run.len, d + run.dst);
         }
       }
-      finish(dst + r0 * out_elems_, r1 - r0);
+      finish(dst + r0 * out_elems, r1 - r0);
     }
   };
   if (reuse == detail::SourceReuse::kOnce) {

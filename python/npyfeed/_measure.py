@@ -14,11 +14,10 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
-
-from . import _core
 
 GB = 1e9
 PAGE = mmap.PAGESIZE
@@ -228,7 +227,7 @@ def machine_info() -> dict:
     except (ValueError, OSError):
         mem = None
     return {"cpus": cpus, "memory_bytes": mem, "kernel": platform.release(), "python": platform.python_version(),
-            "numpy": np.__version__, "cpu": cpu_model(), "last_level_cache_bytes": _core.last_level_cache_bytes()}
+            "numpy": np.__version__, "cpu": cpu_model(), "last_level_cache_bytes": last_level_cache_bytes()}
 
 
 def cpu_model() -> str | None:
@@ -242,3 +241,17 @@ def cpu_model() -> str | None:
     except OSError:
         pass
     return None
+
+
+def last_level_cache_bytes() -> int | None:
+    """Bytes of the largest data or unified cache of cpu0's highest level (sysfs), or None where it says none."""
+    best = (0, 0)
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            kind, level, size = ((index / f).read_text().strip() for f in ("type", "level", "size"))
+            nbytes = int(size.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+        except (OSError, ValueError):
+            continue
+        if kind in ("Data", "Unified") and nbytes > 0:
+            best = max(best, (int(level), nbytes))
+    return best[1] or None

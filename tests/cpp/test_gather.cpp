@@ -330,12 +330,14 @@ TEST_CASE("windows copied with streaming stores: the same batches, every read mo
           EnvStreaming env("0");
           plain = gather(*source, ids);
         }
-        {
+        for (const char* prefetch : {"0", "1"}) {  // the source read once fetched ahead or not: the same bytes
           EnvStreaming env("1");
+          ::setenv("NPYFEED_PREFETCH", prefetch, 1);
           streamed = gather(*source, ids);
+          ::unsetenv("NPYFEED_PREFETCH");
+          if (plain.x != streamed.x || plain.y != streamed.y)
+            test::report(__FILE__, __LINE__, where + " prefetch " + prefetch + ": batches differ");
         }
-        if (plain.x != streamed.x || plain.y != streamed.y)
-          test::report(__FILE__, __LINE__, where + ": batches differ");
         int bad = 0;
         for (std::size_t i = 0; i < ids.size(); ++i) {
           const Entry& e = entries[static_cast<std::size_t>(ids[i])];

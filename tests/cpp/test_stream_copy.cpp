@@ -1,20 +1,17 @@
 // streaming_copy against memcpy: every destination alignment, source alignments, lengths around the 64-byte
 // lines it streams, the source read once or again; nothing outside the destination written; no byte read
-// outside the source (one that ends at an inaccessible page). stream_batch's switch and threshold, and the
-// last-level cache that sets it, read from a directory laid out as sysfs.
+// outside the source (one that ends at an inaccessible page). stream_batch's switch and threshold;
+// prefetch_read_once's switch.
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "check.hpp"
-#include "npy_writer.hpp"
 #include "npyfeed/detail/stream_copy.hpp"
 
 using namespace npyfeed;
@@ -31,16 +28,6 @@ struct EnvStreaming {
   }
   ~EnvStreaming() { ::unsetenv("NPYFEED_STREAMING"); }
 };
-
-// index<n>/{level,type,size} under `dir`, as sysfs describes one cache.
-void describe_cache(const test::TempDir& dir, int n, const std::string& level, const std::string& type,
-                    const std::string& size) {
-  const auto index = dir.path() / ("index" + std::to_string(n));
-  std::filesystem::create_directories(index);
-  std::ofstream(index / "level") << level << "\n";
-  std::ofstream(index / "type") << type << "\n";
-  std::ofstream(index / "size") << size << "\n";
-}
 
 }  // namespace
 
@@ -100,15 +87,12 @@ TEST_CASE("streaming_copy: a source that ends where its mapping does is read to 
   ::munmap(map, 3 * page);
 }
 
-TEST_CASE("stream_batch: from streamed_batch_bytes() by default, NPYFEED_STREAMING=0 never, =1 always") {
-  const std::uint64_t from = detail::streamed_batch_bytes();
-  CHECK(from >= detail::kStreamedBatchBytes);
-  CHECK_EQ(from, detail::streamed_batch_bytes());  // read once
+TEST_CASE("stream_batch: from 16 MiB by default, NPYFEED_STREAMING=0 never, =1 always") {
   {
     EnvStreaming env(nullptr);
     CHECK(!detail::stream_batch(0));
-    CHECK(!detail::stream_batch(from - 1));
-    CHECK(detail::stream_batch(from));
+    CHECK(!detail::stream_batch(detail::kStreamedBatchBytes - 1));
+    CHECK(detail::stream_batch(detail::kStreamedBatchBytes));
   }
   {
     EnvStreaming env("0");
@@ -121,37 +105,37 @@ TEST_CASE("stream_batch: from streamed_batch_bytes() by default, NPYFEED_STREAMI
   {
     EnvStreaming env("yes");  // anything else: the default
     CHECK(!detail::stream_batch(1));
-    CHECK(detail::stream_batch(from));
+    CHECK(detail::stream_batch(detail::kStreamedBatchBytes));
   }
 }
 
-TEST_CASE("last_level_cache_bytes: the largest data or unified cache of the highest level, 0 where none") {
+TEST_CASE("prefetch_read_once: NPYFEED_PREFETCH=0 never, =1 always, else the CPU's default (the same each call)") {
+  struct EnvPrefetch {
+    explicit EnvPrefetch(const char* value) {
+      if (value == nullptr) {
+        ::unsetenv("NPYFEED_PREFETCH");
+      } else {
+        ::setenv("NPYFEED_PREFETCH", value, 1);
+      }
+    }
+    ~EnvPrefetch() { ::unsetenv("NPYFEED_PREFETCH"); }
+  };
+  bool by_default = false;
   {
-    test::TempDir dir;
-    describe_cache(dir, 0, "1", "Data", "48K");
-    describe_cache(dir, 1, "1", "Instruction", "32K");
-    describe_cache(dir, 2, "2", "Unified", "2048K");
-    describe_cache(dir, 3, "3", "Unified", "491520K");
-    CHECK_EQ(detail::last_level_cache_bytes(dir.path().string()), std::uint64_t{491520} << 10);
+    EnvPrefetch env(nullptr);
+    by_default = detail::prefetch_read_once();
+    CHECK_EQ(detail::prefetch_read_once(), by_default);
   }
   {
-    test::TempDir dir;  // out of order, units M and none, an instruction cache larger than the rest
-    describe_cache(dir, 0, "3", "Unified", "16M");
-    describe_cache(dir, 1, "2", "Unified", "524288");
-    describe_cache(dir, 2, "4", "Instruction", "64M");
-    CHECK_EQ(detail::last_level_cache_bytes(dir.path().string()), std::uint64_t{16} << 20);
+    EnvPrefetch env("0");
+    CHECK(!detail::prefetch_read_once());
   }
   {
-    test::TempDir dir;  // sizes that are not sizes, a level that is not a number: skipped
-    describe_cache(dir, 0, "2", "Unified", "1024K");
-    describe_cache(dir, 1, "3", "Unified", "lots");
-    describe_cache(dir, 2, "x", "Unified", "64M");
-    describe_cache(dir, 3, "3", "Unified", "8Q");
-    CHECK_EQ(detail::last_level_cache_bytes(dir.path().string()), std::uint64_t{1} << 20);
+    EnvPrefetch env("1");
+    CHECK(detail::prefetch_read_once());
   }
   {
-    test::TempDir dir;
-    CHECK_EQ(detail::last_level_cache_bytes(dir.path().string()), 0u);
-    CHECK_EQ(detail::last_level_cache_bytes(dir.file("missing")), 0u);
+    EnvPrefetch env("nta");  // anything else: the default
+    CHECK_EQ(detail::prefetch_read_once(), by_default);
   }
 }

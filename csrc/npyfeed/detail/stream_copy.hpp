@@ -7,7 +7,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <string>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -16,29 +15,22 @@
 
 namespace npyfeed::detail {
 
-/// Output bytes of one batch from which a gather writes its windows with streaming_copy, at the least: beyond
-/// what the caches keep between the gather and its consumer (measured in docs/benchmarks.md).
+/// Output bytes of one batch from which a gather writes its windows with streaming_copy: beyond what the
+/// caches keep between the gather and its consumer (measured in docs/benchmarks.md).
 inline constexpr std::uint64_t kStreamedBatchBytes = std::uint64_t{16} << 20;
 /// Copies shorter than this go through memcpy (streaming pays a fence each).
 inline constexpr std::uint64_t kStreamedCopyBytes = std::uint64_t{4} << 10;
 
-/// Bytes of the largest (last-level) data or unified cache described under `cache_dir`, a directory laid out as
-/// Linux's /sys/devices/system/cpu/cpu0/cache (index<N>/{level,type,size}, sizes such as "491520K"); 0 where
-/// it describes none. Never throws.
-std::uint64_t last_level_cache_bytes(const std::string& cache_dir) noexcept;
-/// This machine's: cpu0's caches in sysfs, sysconf(_SC_LEVEL3_CACHE_SIZE) where sysfs says nothing; 0 where
-/// neither does.
-std::uint64_t last_level_cache_bytes() noexcept;
-
-/// The output bytes of a batch from which gathers stream it: kStreamedBatchBytes, or a quarter of this CPU's
-/// last-level cache where that is more (a batch that the cache keeps beside its source is cheaper written
-/// through it: on a CPU with 480 MiB of L3, streaming stores made 26 MB batches 0.79x as fast and 210 MB ones
-/// 1.14x). The cache is read once.
-std::uint64_t streamed_batch_bytes() noexcept;
-
 /// Whether gathers of `batch_bytes` output bytes stream them: NPYFEED_STREAMING=0 never, =1 always (tests,
-/// benchmarks), else from streamed_batch_bytes(). Read from the environment at each call.
+/// benchmarks), else from kStreamedBatchBytes. Read from the environment at each call.
 bool stream_batch(std::uint64_t batch_bytes);
+
+/// Whether gathers fetch the source rows they read once with a non-temporal prefetch (SourceReuse::kOnce) or
+/// leave them to the hardware's prefetchers (they pass kAgain): NPYFEED_PREFETCH=0 never, =1 always (tests,
+/// benchmarks), else on AMD CPUs only. On AMD's Zen 2 the prefetch made the numpy iterator 1.11x and Keras
+/// `fit` 1.28x faster; on an Intel Xeon it made every read-once path slower (streamed copies 0.6x, a selection
+/// of every 4th column 0.67x): measured in docs/benchmarks.md. Read from the environment at each call.
+bool prefetch_read_once();
 
 /// How soon the source of a copy is read again: kOnce (by nothing soon: its lines are fetched ahead with a
 /// non-temporal hint, so they do not displace what the caches hold for other threads) or kAgain (the next
