@@ -18,15 +18,30 @@ using namespace npyfeed;
 
 namespace {
 
-struct EnvStreaming {
-  explicit EnvStreaming(const char* value) {
+// An environment variable set (or unset, for nullptr) for the scope, unset after it.
+class EnvVar {
+ public:
+  EnvVar(const char* name, const char* value) : name_(name) {
     if (value == nullptr) {
-      ::unsetenv("NPYFEED_STREAMING");
+      ::unsetenv(name);
     } else {
-      ::setenv("NPYFEED_STREAMING", value, 1);
+      ::setenv(name, value, 1);
     }
   }
-  ~EnvStreaming() { ::unsetenv("NPYFEED_STREAMING"); }
+  ~EnvVar() { ::unsetenv(name_); }
+  EnvVar(const EnvVar&) = delete;
+  EnvVar& operator=(const EnvVar&) = delete;
+
+ private:
+  const char* name_;
+};
+
+struct EnvStreaming : EnvVar {
+  explicit EnvStreaming(const char* value) : EnvVar("NPYFEED_STREAMING", value) {}
+};
+
+struct EnvPrefetch : EnvVar {
+  explicit EnvPrefetch(const char* value) : EnvVar("NPYFEED_PREFETCH", value) {}
 };
 
 }  // namespace
@@ -110,16 +125,6 @@ TEST_CASE("stream_batch: from 16 MiB by default, NPYFEED_STREAMING=0 never, =1 a
 }
 
 TEST_CASE("prefetch_read_once: NPYFEED_PREFETCH=0 never, =1 always, else the CPU's default (the same each call)") {
-  struct EnvPrefetch {
-    explicit EnvPrefetch(const char* value) {
-      if (value == nullptr) {
-        ::unsetenv("NPYFEED_PREFETCH");
-      } else {
-        ::setenv("NPYFEED_PREFETCH", value, 1);
-      }
-    }
-    ~EnvPrefetch() { ::unsetenv("NPYFEED_PREFETCH"); }
-  };
   bool by_default = false;
   {
     EnvPrefetch env(nullptr);
