@@ -4,11 +4,11 @@ A batch of the users' shape (B=256 windows of (100, 256) float32: 26 MB) is larg
 between the gather and its consumer; memcpy's stores first read every destination line in (a read for
 ownership) and push out the data still to be copied. From 16 MiB a batch, npyfeed writes the windows with
 non-temporal (streaming) stores instead (docs/windows.md). Here ``NPYFEED_STREAMING=0`` (off) runs against
-``=1`` (on, whatever the batch size); ``NPYFEED_PREFETCH`` in the environment applies to every variant. With ``--baseline DIR`` a third variant
-runs the same consumers with another npyfeed install (streaming on: ``pip install --no-build-isolation
---no-deps --target DIR <checkout>``, imported with ``PYTHONPATH=DIR``) in the same rounds: a before/after of a
-change to the copy itself (e.g. the non-temporal prefetch of the source), reported as this build over the
-baseline per round.
+``=1`` (on, whatever the batch size); ``NPYFEED_PREFETCH`` in the environment applies to every variant. With
+``--baseline DIR`` a third variant runs the same consumers with another npyfeed install (streaming on: ``pip
+install --no-build-isolation --no-deps --target DIR <checkout>``, imported with ``PYTHONPATH=DIR``) in the same
+rounds: a before/after of a change to the copy itself (e.g. the non-temporal prefetch of the source), reported
+as this build over the baseline per round.
 
 ``--options`` gives every variant the same gather options (``nan``: ``nan=0, posinf=1e6, neginf=-1e6``;
 ``normalize``: a mean and std per column; ``every4th``: ``features=slice(None, None, 4)``; ``all``: the first
