@@ -214,9 +214,9 @@ def main(argv=None) -> int:
     loads = [x["load"] for v in variants for x in runs[v]]
     print(f"\ncopy limit: memcpy by {threads} threads, best of the rounds: {limit:,.0f} samples/s "
           f"({limit * sample_bytes / common.GB:.2f} GB/s); load seen by the children {min(loads):.2f}-{max(loads):.2f} "
-          f"on {common.machine_info()['cpus']} CPUs")
+          f"on {machine['cpus']} CPUs")
     if args.json:
-        common.write_json(args.json, {"args": vars(args), "machine": common.machine_info(), "limit": limit,
+        common.write_json(args.json, {"args": vars(args), "machine": machine, "limit": limit,
                                       "prefetch_read_once": _core.prefetch_read_once(),
                                       "limits": limits, "summary": summary, "runs": runs})
     return 0

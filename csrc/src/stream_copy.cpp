@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -10,14 +11,15 @@
 
 namespace npyfeed::detail {
 
-bool stream_batch(std::uint64_t batch_bytes) {
-  const char* env = std::getenv("NPYFEED_STREAMING");
+namespace {
+
+// The switch `name` in the environment: "0" off, "1" on, anything else (or unset) nullopt: the default.
+std::optional<bool> env_switch(const char* name) {
+  const char* env = std::getenv(name);
   if (env != nullptr && std::strcmp(env, "0") == 0) return false;
   if (env != nullptr && std::strcmp(env, "1") == 0) return true;
-  return batch_bytes >= kStreamedBatchBytes;
+  return std::nullopt;
 }
-
-namespace {
 
 // The CPU's vendor string (CPUID leaf 0), or "" where there is none.
 std::string cpu_vendor() {
@@ -36,12 +38,13 @@ std::string cpu_vendor() {
 
 }  // namespace
 
+bool stream_batch(std::uint64_t batch_bytes) {
+  return env_switch("NPYFEED_STREAMING").value_or(batch_bytes >= kStreamedBatchBytes);
+}
+
 bool prefetch_read_once() {
   static const bool on_this_cpu = cpu_vendor() == "AuthenticAMD";
-  const char* env = std::getenv("NPYFEED_PREFETCH");
-  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-  if (env != nullptr && std::strcmp(env, "1") == 0) return true;
-  return on_this_cpu;
+  return env_switch("NPYFEED_PREFETCH").value_or(on_this_cpu);
 }
 
 #if NPYFEED_STREAMING_STORES

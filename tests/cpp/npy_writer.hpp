@@ -1,6 +1,6 @@
 // The one `.npy` writer of the C++ tests: header text as numpy writes it (any version, alignment and
 // dtype text, so tests can also write what numpy never would), files in a temporary directory, and
-// deterministic data.
+// deterministic data; an environment variable set for a scope.
 #pragma once
 
 #include <stdlib.h>
@@ -69,6 +69,25 @@ inline void write_file(const std::string& path, const std::string& head, const s
   if (!data.empty()) ok = ok && std::fwrite(data.data(), 1, data.size(), f) == data.size();
   if (std::fclose(f) != 0 || !ok) throw std::runtime_error("cannot write " + path);
 }
+
+/// An environment variable set (or unset, for nullptr) for the scope, unset after it (the library's switches:
+/// NPYFEED_STREAMING, NPYFEED_PREFETCH, NPYFEED_IO_URING).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (value == nullptr) {
+      ::unsetenv(name);
+    } else {
+      ::setenv(name, value, 1);
+    }
+  }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
 
 /// A directory removed with everything in it at the end of the scope.
 class TempDir {

@@ -296,10 +296,6 @@ TEST_CASE("windows copied with streaming stores: the same batches, every read mo
   // Windows of 17 rows x 61 columns: 4,148 bytes as float32, 8,296 as float64 (streamed from 4 KiB on), at
   // every offset mod 64 in the batch. ">f4" is converted, never streamed: the same answer either way.
   constexpr std::int64_t kWideRows = 300, kWideCols = 61, kWideWindow = 17;
-  struct EnvStreaming {
-    explicit EnvStreaming(const char* value) { ::setenv("NPYFEED_STREAMING", value, 1); }
-    ~EnvStreaming() { ::unsetenv("NPYFEED_STREAMING"); }
-  };
   TempDir dir;
   std::vector<Entry> entries;
   for (std::int64_t i = 0; i < 64; ++i)
@@ -327,14 +323,13 @@ TEST_CASE("windows copied with streaming stores: the same batches, every read mo
         auto source = open_files(entries, files, o);
         Batch plain, streamed;
         {
-          EnvStreaming env("0");
+          test::ScopedEnv streaming("NPYFEED_STREAMING", "0");
           plain = gather(*source, ids);
         }
         for (const char* prefetch : {"0", "1"}) {  // the source read once fetched ahead or not: the same bytes
-          EnvStreaming env("1");
-          ::setenv("NPYFEED_PREFETCH", prefetch, 1);
+          test::ScopedEnv streaming("NPYFEED_STREAMING", "1");
+          test::ScopedEnv fetched_ahead("NPYFEED_PREFETCH", prefetch);
           streamed = gather(*source, ids);
-          ::unsetenv("NPYFEED_PREFETCH");
           if (plain.x != streamed.x || plain.y != streamed.y)
             test::report(__FILE__, __LINE__, where + " prefetch " + prefetch + ": batches differ");
         }

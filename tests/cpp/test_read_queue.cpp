@@ -47,9 +47,8 @@ struct Hook {
   ~Hook() { detail::set_completion_hook(nullptr); }
 };
 
-struct EnvIoUring {
-  explicit EnvIoUring(const char* value) { ::setenv("NPYFEED_IO_URING", value, 1); }
-  ~EnvIoUring() { ::unsetenv("NPYFEED_IO_URING"); }
+struct EnvIoUring : npyfeed::test::ScopedEnv {
+  explicit EnvIoUring(const char* value) : ScopedEnv("NPYFEED_IO_URING", value) {}
 };
 
 std::string write_raw(const TempDir& dir, const std::string& name, const std::vector<std::byte>& data) {

@@ -12,36 +12,19 @@
 #include <vector>
 
 #include "check.hpp"
+#include "npy_writer.hpp"
 #include "npyfeed/detail/stream_copy.hpp"
 
 using namespace npyfeed;
 
 namespace {
 
-// An environment variable set (or unset, for nullptr) for the scope, unset after it.
-class EnvVar {
- public:
-  EnvVar(const char* name, const char* value) : name_(name) {
-    if (value == nullptr) {
-      ::unsetenv(name);
-    } else {
-      ::setenv(name, value, 1);
-    }
-  }
-  ~EnvVar() { ::unsetenv(name_); }
-  EnvVar(const EnvVar&) = delete;
-  EnvVar& operator=(const EnvVar&) = delete;
-
- private:
-  const char* name_;
+struct EnvStreaming : test::ScopedEnv {
+  explicit EnvStreaming(const char* value) : ScopedEnv("NPYFEED_STREAMING", value) {}
 };
 
-struct EnvStreaming : EnvVar {
-  explicit EnvStreaming(const char* value) : EnvVar("NPYFEED_STREAMING", value) {}
-};
-
-struct EnvPrefetch : EnvVar {
-  explicit EnvPrefetch(const char* value) : EnvVar("NPYFEED_PREFETCH", value) {}
+struct EnvPrefetch : test::ScopedEnv {
+  explicit EnvPrefetch(const char* value) : ScopedEnv("NPYFEED_PREFETCH", value) {}
 };
 
 }  // namespace
