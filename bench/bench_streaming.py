@@ -167,7 +167,8 @@ def main(argv=None) -> int:
     machine = common.machine_info()
     print(f"this machine: {machine['cpu']}, last-level cache {(machine['last_level_cache_bytes'] or 0) / 2**20:,.0f} "
           f"MiB; the source read once fetched with a non-temporal prefetch: "
-          f"{'yes' if _core.prefetch_read_once() else 'no'} (NPYFEED_PREFETCH)", flush=True)
+          f"{'yes' if _core.prefetch_read_once() else 'no'} (NPYFEED_PREFETCH); AVX-512 stores: "
+          f"{'yes' if _core.uses_avx512() else 'no'} (NPYFEED_AVX512)", flush=True)
     common.warm(ds.factor_paths + ds.label_paths)
     variants = list(VARIANTS) + (["baseline"] if args.baseline else [])
     runs = {v: [] for v in variants}
@@ -218,6 +219,7 @@ def main(argv=None) -> int:
     if args.json:
         common.write_json(args.json, {"args": vars(args), "machine": machine, "limit": limit,
                                       "prefetch_read_once": _core.prefetch_read_once(),
+                                      "uses_avx512": _core.uses_avx512(),
                                       "limits": limits, "summary": summary, "runs": runs})
     return 0
 

@@ -8,7 +8,10 @@ The numpy reference and the data sets: windows_data.py."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import npyfeed
 import numpy as np
@@ -181,6 +184,23 @@ def test_batches_copied_with_streaming_stores_equal_numpy(past_the_caches, sourc
         src = open_source(ds, mode, dtype=out, bounds="pad")
         assert_batch(src.get(np.arange(n)), reference(ds, ds.entries, out))
         check_epoch(src, ds, out, 64, shuffle=True, seed=3)
+
+
+def test_streamed_paths_without_avx512_equal_numpy(tmp_path):
+    """NPYFEED_AVX512=0, read once when a process starts, keeps the streamed copies and options to SSE2 and AVX2:
+    the path of CPUs without AVX-512. The streamed tests again in such a process, whatever this CPU has."""
+    env = dict(os.environ, NPYFEED_AVX512="0")
+    probe = subprocess.run([sys.executable, "-c", "from npyfeed import _core; print(_core.uses_avx512())"],
+                           env=env, capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "False"
+    tests = Path(__file__).parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "run"),
+         str(tests / "test_windows_gather.py"), str(tests / "test_features.py"),
+         "-k", "copied_with_streaming_stores or written_past_the_caches"],
+        env=env, cwd=tests.parent, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert " passed" in proc.stdout and " failed" not in proc.stdout
 
 
 _DIRECT_REFUSED = """

@@ -228,6 +228,9 @@ void bind_windows(py::module_& m) {
 
   m.def("prefetch_read_once", &detail::prefetch_read_once,
         "Whether gathers fetch the source rows they read once with a non-temporal prefetch (NPYFEED_PREFETCH).");
+  m.def("uses_avx512", &detail::use_avx512,
+        "Whether streamed copies and options use AVX-512 (the CPU has it; NPYFEED_AVX512=0 at start-up keeps them "
+        "to SSE2/AVX2).");
   m.def(
       "open_window_files",
       [](SampleIndex& index, const std::vector<std::string>& factor_paths, const std::vector<std::string>& label_paths,

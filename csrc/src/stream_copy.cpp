@@ -86,15 +86,22 @@ __attribute__((target("avx512f"))) void stream_avx512(std::byte* dst, const std:
   }
 }
 
-// __builtin_cpu_supports checks that the kernel saves the AVX-512 registers too (XGETBV); __builtin_cpu_init
-// because this runs among the library's constructors.
-const bool kHaveAvx512 = [] {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") != 0;
-}();
-
 }  // namespace
 #endif
+
+bool use_avx512() noexcept {
+#if NPYFEED_STREAMING_STORES
+  // __builtin_cpu_supports checks that the kernel saves the AVX-512 registers too (XGETBV); __builtin_cpu_init
+  // in case this first runs among the library's constructors.
+  static const bool on = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0 && env_switch("NPYFEED_AVX512").value_or(true);
+  }();
+  return on;
+#else
+  return false;
+#endif
+}
 
 void streaming_copy(std::byte* dst, const std::byte* src, std::size_t n, SourceReuse reuse) noexcept {
 #if NPYFEED_STREAMING_STORES
@@ -105,7 +112,7 @@ void streaming_copy(std::byte* dst, const std::byte* src, std::size_t n, SourceR
     const std::size_t body = (n - head) & ~std::size_t{63};
     std::memcpy(dst, src, head);
     const bool once = reuse == SourceReuse::kOnce;
-    if (kHaveAvx512) {
+    if (use_avx512()) {
       (once ? stream_avx512<true> : stream_avx512<false>)(dst + head, src + head, body);
     } else {
       (once ? stream_sse2<true> : stream_sse2<false>)(dst + head, src + head, body);

@@ -32,13 +32,19 @@ bool stream_batch(std::uint64_t batch_bytes);
 /// of every 4th column 0.67x): measured in docs/benchmarks.md. Read from the environment at each call.
 bool prefetch_read_once();
 
+/// Whether this process's streamed copies (streaming_copy) and the transform's streamed loops use AVX-512, where
+/// the CPU has it and the kernel saves its registers: a whole 64-byte line a store. NPYFEED_AVX512=0 in the
+/// environment at start-up keeps them to SSE2 and AVX2 (the other CPUs' path, on one that has AVX-512; older Intel
+/// CPUs lower their clock for AVX-512). Decided once, at the first call.
+bool use_avx512() noexcept;
+
 /// How soon the source of a copy is read again: kOnce (by nothing soon: its lines are fetched ahead with a
 /// non-temporal hint, so they do not displace what the caches hold for other threads) or kAgain (the next
 /// copies read some of the same bytes, e.g. overlapping windows: it goes through the caches).
 enum class SourceReuse { kOnce, kAgain };
 
-/// memcpy's result, written with non-temporal stores where the CPU has them (x86-64: SSE2, AVX-512F when the
-/// CPU and the kernel allow it), fenced: the bytes are visible to other threads once it returns, ordered as
+/// memcpy's result, written with non-temporal stores where the CPU has them (x86-64: SSE2, AVX-512F as
+/// use_avx512() says), fenced: the bytes are visible to other threads once it returns, ordered as
 /// memcpy's. No byte outside the source is read or fetched. Any alignment, any length; memcpy elsewhere.
 void streaming_copy(std::byte* dst, const std::byte* src, std::size_t n, SourceReuse reuse) noexcept;
 
