@@ -166,7 +166,7 @@ def past_the_caches(tmp_path_factory):
 
 @pytest.mark.parametrize("streaming, prefetch", [("1", "1"), ("1", "0"), ("0", "1"), ("0", "0"), (None, None)])
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("source", ["<f4", "<f8", ">f4"])
+@pytest.mark.parametrize("source", ["<f4", "<f8", ">f4", "<f2", ">f2", ">f8"])
 def test_batches_copied_with_streaming_stores_equal_numpy(past_the_caches, source, mode, streaming, prefetch,
                                                           monkeypatch):
     """Windows copied into the batch with streaming stores (NPYFEED_STREAMING=1; by default from 16 MiB a batch:
@@ -186,6 +186,35 @@ def test_batches_copied_with_streaming_stores_equal_numpy(past_the_caches, sourc
         check_epoch(src, ds, out, 64, shuffle=True, seed=3)
 
 
+@pytest.mark.parametrize("streaming", ["1", "0"])
+@pytest.mark.parametrize("source", ["<f2", ">f2", "<f8"])
+def test_float_conversions_keep_every_bit_as_numpy(tmp_path, source, streaming, monkeypatch):
+    """float16 (every bit pattern, signalling NaNs with their payload among them) and float64 (NaN payloads,
+    rounding, overflow, subnormals) to float32 by the vector loops, written past the caches or not: numpy's
+    `astype` bit for bit (np.array_equal cannot see NaN payloads; the bytes can)."""
+    monkeypatch.setenv("NPYFEED_STREAMING", streaming)
+    dtype = np.dtype(source)
+    rows, cols, window = 256, 264, 9
+    if dtype.itemsize == 2:
+        bits = np.arange(rows * cols, dtype=np.uint32) % 65536
+        values = bits.astype(np.uint16).view(np.float16)
+    else:
+        bits = np.random.default_rng(5).integers(0, 2**64, rows * cols, dtype=np.uint64, endpoint=False)
+        bits[::7] = bits[::7] | np.uint64(0x7FF0000000000000)  # NaN with a payload, or inf
+        values = bits.view(np.float64)
+    factor = values.reshape(rows, cols).astype(dtype)  # in the file's byte order, the same values
+    label = np.zeros((rows, 1), dtype)
+    entries = [(f, f, "k") for f in range(window - 1, rows)]
+    ds = write_dataset(tmp_path, {"k": factor}, {"k": label}, entries, window)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = np.stack([factor[f - window + 1:f + 1] for f, _, _ in entries]).astype(np.float32)
+    for mode in ("mmap", "read"):
+        x, _ = open_source(ds, mode).get(np.arange(len(entries)))
+        assert x.dtype == np.float32 and x.shape == want.shape
+        differ = np.flatnonzero(x.view(np.uint32) != want.view(np.uint32))
+        assert differ.size == 0, f"{mode}: {differ.size} elements differ, the first at {differ[0]}"
+
+
 def test_streamed_paths_without_avx512_equal_numpy(tmp_path):
     """NPYFEED_AVX512=0, read once when a process starts, keeps the streamed copies and options to SSE2 and AVX2:
     the path of CPUs without AVX-512. The streamed tests again in such a process, whatever this CPU has."""
@@ -197,7 +226,7 @@ def test_streamed_paths_without_avx512_equal_numpy(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "run"),
          str(tests / "test_windows_gather.py"), str(tests / "test_features.py"),
-         "-k", "copied_with_streaming_stores or written_past_the_caches"],
+         "-k", "copied_with_streaming_stores or written_past_the_caches or keep_every_bit"],
         env=env, cwd=tests.parent, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert " passed" in proc.stdout and " failed" not in proc.stdout

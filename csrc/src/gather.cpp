@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "npyfeed/detail/convert.hpp"
 #include "npyfeed/detail/stream_copy.hpp"
 #include "npyfeed/fault_guard.hpp"
 #include "npyfeed/mapped_file.hpp"
@@ -352,6 +353,9 @@ void Gather::gather_factors(std::size_t begin, std::vector<std::byte>& scratch, 
   const bool stream_rows = stream_x_ && t.identity() && native;
   // Replaced or normalised on the way, written past the caches just the same.
   const bool stream_finished = stream_x_ && !t.selects() && t.finishes() && native;
+  // Converted on the way to float32 by a vector loop (float16, float64), written past the caches as well.
+  const bool stream_converted =
+      stream_x_ && t.identity() && in_.out_size == 4 && detail::converts_to_float32_vectorised(st);
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const Run& run = runs[i];
     const std::byte* ready = staged.empty() ? nullptr : staged[i];
@@ -390,11 +394,14 @@ void Gather::gather_factors(std::size_t begin, std::vector<std::byte>& scratch, 
           // starts before this one ends (they go through the caches).
           const bool again = k + 1 < begin + run.end && clip(window_first(sample_at(order_[k + 1]))) < b;
           const auto reuse = again || !prefetch_once_ ? detail::SourceReuse::kAgain : detail::SourceReuse::kOnce;
-          const bool streamed =
-              bytes >= detail::kStreamedCopyBytes &&
-              (stream_rows || (stream_finished && reinterpret_cast<std::uintptr_t>(from) % in_.out_size == 0));
+          const bool streamed = bytes >= detail::kStreamedCopyBytes &&
+                                (stream_rows || stream_converted ||
+                                 (stream_finished && reinterpret_cast<std::uintptr_t>(from) % in_.out_size == 0));
           if (streamed && stream_rows) {
             detail::streaming_copy(to, from, bytes, reuse);  // what convert_rows would do, past the caches
+          } else if (streamed && stream_converted) {
+            detail::convert_to_float32(from, st, static_cast<std::size_t>(inside) * t.out_elems(),
+                                       reinterpret_cast<float*>(to), true);
           } else if (streamed) {
             finish_streamed(t, from, static_cast<std::uint64_t>(inside), to, reuse);
           } else {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "npyfeed/npy_header.hpp"
 
@@ -78,6 +79,15 @@ inline bool convertible(const ScalarType& type) {
   }
 }
 
+/// Whether convert_to_float32 has a vector loop for `type` on this CPU: float16 (either byte order) and float64
+/// (native order), with AVX2 and F16C or AVX-512 (as use_avx512() says). In convert.cpp.
+bool converts_to_float32_vectorised(const ScalarType& type);
+
+/// convert<float>'s result, bit for bit (float16 NaNs keep their payload, as numpy's), by those vector loops where
+/// there is one; `streamed`: written with streaming stores, fenced (detail::streaming_copy's terms), for a batch
+/// past the caches. Any alignment.
+void convert_to_float32(const std::byte* src, const ScalarType& type, std::size_t n, float* dst, bool streamed);
+
 /// Converts `n` elements of `type` at `src` to Out (float or double) at `dst`.
 template <class Out>
 void convert(const std::byte* src, const ScalarType& type, std::size_t n, Out* dst) {
@@ -114,6 +124,9 @@ void convert(const std::byte* src, const ScalarType& type, std::size_t n, Out* d
       }
       break;
     case 'f':
+      if constexpr (std::is_same_v<Out, float>) {
+        if (type.size != 4 && converts_to_float32_vectorised(type)) return convert_to_float32(src, type, n, dst, false);
+      }
       switch (type.size) {
         case 2:
           for (std::size_t i = 0; i < n; ++i)

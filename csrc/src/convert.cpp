@@ -1,0 +1,190 @@
+#include "npyfeed/detail/convert.hpp"
+
+#include <cstring>
+
+#include "npyfeed/detail/stream_copy.hpp"
+
+namespace npyfeed::detail {
+
+namespace {
+
+// The scalar loops of convert.hpp, for the elements before a vector loop's first aligned store and after its last.
+void half_rows(const std::byte* src, std::size_t n, float* dst, bool swapped) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = half_to_float(load_element<std::uint16_t>(src + 2 * i, swapped));
+}
+void double_rows(const std::byte* src, std::size_t n, float* dst) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(load_element<double>(src + 8 * i, false));
+}
+
+#if NPYFEED_STREAMING_STORES
+// Elements of float at `dst` before its first `align`-byte boundary (at most n).
+std::size_t head_elems(const float* dst, std::size_t n, std::size_t align) {
+  const auto misaligned = reinterpret_cast<std::uintptr_t>(dst) & (align - 1);
+  return std::min(n, ((align - misaligned) & (align - 1)) / sizeof(float));
+}
+
+// A float16 NaN's float32 bits, as half_to_float builds them: sign << 16 | 0x7F800000 | mantissa << 13.
+[[gnu::target("avx512f")]] __m512 exact_half_nan(__m512i w) {
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(w, _mm512_set1_epi32(0x8000)), 16);
+  const __m512i mantissa = _mm512_slli_epi32(_mm512_and_si512(w, _mm512_set1_epi32(0x3FF)), 13);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_or_si512(sign, _mm512_set1_epi32(0x7F800000)), mantissa));
+}
+
+// float16 to float32. The hardware's conversion (F16C) is exact, as half_to_float, except for the NaNs: it may
+// quiet a signalling NaN, where numpy (and half_to_float) keeps every payload bit. Lanes holding a NaN, rare in
+// data, are rebuilt from their bits when there is one.
+template <bool kStream>
+[[gnu::target("avx512f,avx512bw,f16c")]] void half_avx512(const std::byte* src, std::size_t n, float* dst,
+                                                          bool swapped) {
+  const std::size_t head = kStream ? head_elems(dst, n, 64) : 0;
+  half_rows(src, head, dst, swapped);
+  const __m512i swap =
+      _mm512_set_epi8(62, 63, 60, 61, 58, 59, 56, 57, 54, 55, 52, 53, 50, 51, 48, 49, 46, 47, 44, 45, 42, 43, 40, 41,
+                      38, 39, 36, 37, 34, 35, 32, 33, 30, 31, 28, 29, 26, 27, 24, 25, 22, 23, 20, 21, 18, 19, 16, 17,
+                      14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+  const __m512i exponent = _mm512_set1_epi32(0x7C00), mantissa = _mm512_set1_epi32(0x3FF);
+  std::size_t i = head;
+  for (; i + 32 <= n; i += 32) {
+    __m512i h = _mm512_loadu_si512(src + 2 * i);  // 32 halves
+    if (swapped) h = _mm512_shuffle_epi8(h, swap);
+    const __m256i lo = _mm512_castsi512_si256(h), hi = _mm512_extracti64x4_epi64(h, 1);
+    __m512 a = _mm512_cvtph_ps(lo), b = _mm512_cvtph_ps(hi);
+    const __m512i wa = _mm512_cvtepu16_epi32(lo), wb = _mm512_cvtepu16_epi32(hi);
+    // NaN: all exponent bits set and a mantissa.
+    const __mmask16 na =
+        _mm512_cmpeq_epi32_mask(_mm512_and_si512(wa, exponent), exponent) & _mm512_test_epi32_mask(wa, mantissa);
+    const __mmask16 nb =
+        _mm512_cmpeq_epi32_mask(_mm512_and_si512(wb, exponent), exponent) & _mm512_test_epi32_mask(wb, mantissa);
+    if ((na | nb) != 0) [[unlikely]] {
+      a = _mm512_mask_mov_ps(a, na, exact_half_nan(wa));
+      b = _mm512_mask_mov_ps(b, nb, exact_half_nan(wb));
+    }
+    if constexpr (kStream) {
+      _mm512_stream_ps(dst + i, a);
+      _mm512_stream_ps(dst + i + 16, b);
+    } else {
+      _mm512_storeu_ps(dst + i, a);
+      _mm512_storeu_ps(dst + i + 16, b);
+    }
+  }
+  half_rows(src + 2 * i, n - i, dst + i, swapped);
+}
+
+template <bool kStream>
+[[gnu::target("avx512f")]] void double_avx512(const std::byte* src, std::size_t n, float* dst) {
+  const std::size_t head = kStream ? head_elems(dst, n, 64) : 0;
+  double_rows(src, head, dst);
+  std::size_t i = head;
+  for (; i + 16 <= n; i += 16) {
+    // Rounded to nearest, as the scalar conversion (cvtsd2ss) under the same MXCSR.
+    const __m256 lo = _mm512_cvtpd_ps(_mm512_loadu_pd(reinterpret_cast<const double*>(src + 8 * i)));
+    const __m256 hi = _mm512_cvtpd_ps(_mm512_loadu_pd(reinterpret_cast<const double*>(src + 8 * i + 64)));
+    const __m512 v =
+        _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+    if constexpr (kStream) {
+      _mm512_stream_ps(dst + i, v);
+    } else {
+      _mm512_storeu_ps(dst + i, v);
+    }
+  }
+  double_rows(src + 8 * i, n - i, dst + i);
+}
+
+template <bool kStream>
+[[gnu::target("avx2,f16c")]] void half_avx2(const std::byte* src, std::size_t n, float* dst, bool swapped) {
+  const std::size_t head = kStream ? head_elems(dst, n, 32) : 0;
+  half_rows(src, head, dst, swapped);
+  const __m128i swap = _mm_set_epi8(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+  const __m256i exponent = _mm256_set1_epi32(0x7C00), mantissa = _mm256_set1_epi32(0x3FF);
+  std::size_t i = head;
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+    if (swapped) h = _mm_shuffle_epi8(h, swap);
+    __m256 v = _mm256_cvtph_ps(h);
+    const __m256i w = _mm256_cvtepu16_epi32(h);
+    const __m256i nan = _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_and_si256(w, mantissa), _mm256_setzero_si256()),
+                                            _mm256_cmpeq_epi32(_mm256_and_si256(w, exponent), exponent));
+    if (!_mm256_testz_si256(nan, nan)) [[unlikely]] {
+      const __m256i exact =
+          _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x8000)), 16),
+                                          _mm256_set1_epi32(0x7F800000)),
+                          _mm256_slli_epi32(_mm256_and_si256(w, mantissa), 13));
+      v = _mm256_blendv_ps(v, _mm256_castsi256_ps(exact), _mm256_castsi256_ps(nan));
+    }
+    if constexpr (kStream) {
+      _mm256_stream_ps(dst + i, v);
+    } else {
+      _mm256_storeu_ps(dst + i, v);
+    }
+  }
+  half_rows(src + 2 * i, n - i, dst + i, swapped);
+}
+
+template <bool kStream>
+[[gnu::target("avx2")]] void double_avx2(const std::byte* src, std::size_t n, float* dst) {
+  const std::size_t head = kStream ? head_elems(dst, n, 32) : 0;
+  double_rows(src, head, dst);
+  std::size_t i = head;
+  for (; i + 8 <= n; i += 8) {
+    const __m128 lo = _mm256_cvtpd_ps(_mm256_loadu_pd(reinterpret_cast<const double*>(src + 8 * i)));
+    const __m128 hi = _mm256_cvtpd_ps(_mm256_loadu_pd(reinterpret_cast<const double*>(src + 8 * i + 32)));
+    const __m256 v = _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+    if constexpr (kStream) {
+      _mm256_stream_ps(dst + i, v);
+    } else {
+      _mm256_storeu_ps(dst + i, v);
+    }
+  }
+  double_rows(src + 8 * i, n - i, dst + i);
+}
+
+enum class Isa { kBaseline, kAvx2, kAvx512 };
+
+Isa isa() {
+  static const Isa chosen = [] {
+    __builtin_cpu_init();
+    if (use_avx512() && __builtin_cpu_supports("avx512bw")) return Isa::kAvx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return Isa::kAvx2;
+    return Isa::kBaseline;
+  }();
+  return chosen;
+}
+#endif
+
+}  // namespace
+
+bool converts_to_float32_vectorised(const ScalarType& type) {
+#if NPYFEED_STREAMING_STORES
+  return type.kind == 'f' && (type.size == 2 || (type.size == 8 && !type.swapped)) && isa() != Isa::kBaseline;
+#else
+  (void)type;
+  return false;
+#endif
+}
+
+void convert_to_float32(const std::byte* src, const ScalarType& type, std::size_t n, float* dst, bool streamed) {
+#if NPYFEED_STREAMING_STORES
+  if (converts_to_float32_vectorised(type)) {
+    const bool half = type.size == 2;
+    if (isa() == Isa::kAvx512) {
+      if (half) {
+        (streamed ? half_avx512<true> : half_avx512<false>)(src, n, dst, type.swapped);
+      } else {
+        (streamed ? double_avx512<true> : double_avx512<false>)(src, n, dst);
+      }
+    } else {
+      if (half) {
+        (streamed ? half_avx2<true> : half_avx2<false>)(src, n, dst, type.swapped);
+      } else {
+        (streamed ? double_avx2<true> : double_avx2<false>)(src, n, dst);
+      }
+    }
+    if (streamed) stream_fence();
+    return;
+  }
+#endif
+  (void)streamed;
+  convert(src, type, n, dst);
+}
+
+}  // namespace npyfeed::detail
