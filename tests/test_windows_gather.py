@@ -187,11 +187,11 @@ def test_batches_copied_with_streaming_stores_equal_numpy(past_the_caches, sourc
 
 
 @pytest.mark.parametrize("streaming", ["1", "0"])
-@pytest.mark.parametrize("source", ["<f2", ">f2", "<f8"])
+@pytest.mark.parametrize("source", ["<f2", ">f2", "<f8", ">f8", ">f4"])
 def test_float_conversions_keep_every_bit_as_numpy(tmp_path, source, streaming, monkeypatch):
-    """float16 (every bit pattern, signalling NaNs with their payload among them) and float64 (NaN payloads,
-    rounding, overflow, subnormals) to float32 by the vector loops, written past the caches or not: numpy's
-    `astype` bit for bit (np.array_equal cannot see NaN payloads; the bytes can)."""
+    """float16 (every bit pattern, signalling NaNs with their payload among them), float64 (NaN payloads,
+    rounding, overflow, subnormals) and big-endian float32 (any bits) to float32 by the vector loops, written past
+    the caches or not: numpy's `astype` bit for bit (np.array_equal cannot see NaN payloads; the bytes can)."""
     monkeypatch.setenv("NPYFEED_STREAMING", streaming)
     dtype = np.dtype(source)
     rows, cols, window = 256, 264, 9
@@ -199,9 +199,10 @@ def test_float_conversions_keep_every_bit_as_numpy(tmp_path, source, streaming, 
         bits = np.arange(rows * cols, dtype=np.uint32) % 65536
         values = bits.astype(np.uint16).view(np.float16)
     else:
-        bits = np.random.default_rng(5).integers(0, 2**64, rows * cols, dtype=np.uint64, endpoint=False)
-        bits[::7] = bits[::7] | np.uint64(0x7FF0000000000000)  # NaN with a payload, or inf
-        values = bits.view(np.float64)
+        native = np.dtype(f"u{dtype.itemsize}")
+        bits = np.random.default_rng(5).integers(0, np.iinfo(native).max, rows * cols, dtype=native, endpoint=True)
+        bits[::7] |= native.type({4: 0x7F800000, 8: 0x7FF0000000000000}[dtype.itemsize])  # NaN with a payload, or inf
+        values = bits.view(dtype.newbyteorder("="))
     factor = values.reshape(rows, cols).astype(dtype)  # in the file's byte order, the same values
     label = np.zeros((rows, 1), dtype)
     entries = [(f, f, "k") for f in range(window - 1, rows)]

@@ -12,8 +12,11 @@ namespace {
 void half_rows(const std::byte* src, std::size_t n, float* dst, bool swapped) {
   for (std::size_t i = 0; i < n; ++i) dst[i] = half_to_float(load_element<std::uint16_t>(src + 2 * i, swapped));
 }
-void double_rows(const std::byte* src, std::size_t n, float* dst) {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(load_element<double>(src + 8 * i, false));
+void double_rows(const std::byte* src, std::size_t n, float* dst, bool swapped) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(load_element<double>(src + 8 * i, swapped));
+}
+void swapped_float_rows(const std::byte* src, std::size_t n, float* dst) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = load_element<float>(src + 4 * i, true);
 }
 
 #if NPYFEED_STREAMING_STORES
@@ -21,6 +24,23 @@ void double_rows(const std::byte* src, std::size_t n, float* dst) {
 std::size_t head_elems(const float* dst, std::size_t n, std::size_t align) {
   const auto misaligned = reinterpret_cast<std::uintptr_t>(dst) & (align - 1);
   return std::min(n, ((align - misaligned) & (align - 1)) / sizeof(float));
+}
+
+// Byte indices that reverse each element of `size` bytes in a 16-byte lane (pshufb works lane by lane).
+__m128i reversal(int size) {
+  alignas(16) std::uint8_t order[16];
+  for (int b = 0; b < 16; ++b) order[b] = static_cast<std::uint8_t>(b - b % size + (size - 1 - b % size));
+  return _mm_load_si128(reinterpret_cast<const __m128i*>(order));
+}
+
+// 8 doubles at `p`, their bytes reversed first when `swapped` (by `swap`).
+[[gnu::target("avx512f,avx512bw")]] __m512d load_doubles(const std::byte* p, bool swapped, __m512i swap) {
+  const __m512i v = _mm512_loadu_si512(p);
+  return _mm512_castsi512_pd(swapped ? _mm512_shuffle_epi8(v, swap) : v);
+}
+[[gnu::target("avx2")]] __m256d load_doubles(const std::byte* p, bool swapped, __m256i swap) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_castsi256_pd(swapped ? _mm256_shuffle_epi8(v, swap) : v);
 }
 
 // A float16 NaN's float32 bits, as half_to_float builds them: sign << 16 | 0x7F800000 | mantissa << 13.
@@ -38,10 +58,7 @@ template <bool kStream>
                                                           bool swapped) {
   const std::size_t head = kStream ? head_elems(dst, n, 64) : 0;
   half_rows(src, head, dst, swapped);
-  const __m512i swap =
-      _mm512_set_epi8(62, 63, 60, 61, 58, 59, 56, 57, 54, 55, 52, 53, 50, 51, 48, 49, 46, 47, 44, 45, 42, 43, 40, 41,
-                      38, 39, 36, 37, 34, 35, 32, 33, 30, 31, 28, 29, 26, 27, 24, 25, 22, 23, 20, 21, 18, 19, 16, 17,
-                      14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+  const __m512i swap = _mm512_broadcast_i32x4(reversal(2));
   const __m512i exponent = _mm512_set1_epi32(0x7C00), mantissa = _mm512_set1_epi32(0x3FF);
   std::size_t i = head;
   for (; i + 32 <= n; i += 32) {
@@ -71,14 +88,15 @@ template <bool kStream>
 }
 
 template <bool kStream>
-[[gnu::target("avx512f")]] void double_avx512(const std::byte* src, std::size_t n, float* dst) {
+[[gnu::target("avx512f,avx512bw")]] void double_avx512(const std::byte* src, std::size_t n, float* dst, bool swapped) {
   const std::size_t head = kStream ? head_elems(dst, n, 64) : 0;
-  double_rows(src, head, dst);
+  double_rows(src, head, dst, swapped);
+  const __m512i swap = _mm512_broadcast_i32x4(reversal(8));
   std::size_t i = head;
   for (; i + 16 <= n; i += 16) {
     // Rounded to nearest, as the scalar conversion (cvtsd2ss) under the same MXCSR.
-    const __m256 lo = _mm512_cvtpd_ps(_mm512_loadu_pd(reinterpret_cast<const double*>(src + 8 * i)));
-    const __m256 hi = _mm512_cvtpd_ps(_mm512_loadu_pd(reinterpret_cast<const double*>(src + 8 * i + 64)));
+    const __m256 lo = _mm512_cvtpd_ps(load_doubles(src + 8 * i, swapped, swap));
+    const __m256 hi = _mm512_cvtpd_ps(load_doubles(src + 8 * i + 64, swapped, swap));
     const __m512 v =
         _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
     if constexpr (kStream) {
@@ -87,14 +105,14 @@ template <bool kStream>
       _mm512_storeu_ps(dst + i, v);
     }
   }
-  double_rows(src + 8 * i, n - i, dst + i);
+  double_rows(src + 8 * i, n - i, dst + i, swapped);
 }
 
 template <bool kStream>
 [[gnu::target("avx2,f16c")]] void half_avx2(const std::byte* src, std::size_t n, float* dst, bool swapped) {
   const std::size_t head = kStream ? head_elems(dst, n, 32) : 0;
   half_rows(src, head, dst, swapped);
-  const __m128i swap = _mm_set_epi8(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+  const __m128i swap = reversal(2);
   const __m256i exponent = _mm256_set1_epi32(0x7C00), mantissa = _mm256_set1_epi32(0x3FF);
   std::size_t i = head;
   for (; i + 8 <= n; i += 8) {
@@ -121,13 +139,14 @@ template <bool kStream>
 }
 
 template <bool kStream>
-[[gnu::target("avx2")]] void double_avx2(const std::byte* src, std::size_t n, float* dst) {
+[[gnu::target("avx2")]] void double_avx2(const std::byte* src, std::size_t n, float* dst, bool swapped) {
   const std::size_t head = kStream ? head_elems(dst, n, 32) : 0;
-  double_rows(src, head, dst);
+  double_rows(src, head, dst, swapped);
+  const __m256i swap = _mm256_broadcastsi128_si256(reversal(8));
   std::size_t i = head;
   for (; i + 8 <= n; i += 8) {
-    const __m128 lo = _mm256_cvtpd_ps(_mm256_loadu_pd(reinterpret_cast<const double*>(src + 8 * i)));
-    const __m128 hi = _mm256_cvtpd_ps(_mm256_loadu_pd(reinterpret_cast<const double*>(src + 8 * i + 32)));
+    const __m128 lo = _mm256_cvtpd_ps(load_doubles(src + 8 * i, swapped, swap));
+    const __m128 hi = _mm256_cvtpd_ps(load_doubles(src + 8 * i + 32, swapped, swap));
     const __m256 v = _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
     if constexpr (kStream) {
       _mm256_stream_ps(dst + i, v);
@@ -135,7 +154,43 @@ template <bool kStream>
       _mm256_storeu_ps(dst + i, v);
     }
   }
-  double_rows(src + 8 * i, n - i, dst + i);
+  double_rows(src + 8 * i, n - i, dst + i, swapped);
+}
+
+// float32 in the other byte order: the bytes of each element reversed, nothing else.
+template <bool kStream>
+[[gnu::target("avx512f,avx512bw")]] void swapped_float_avx512(const std::byte* src, std::size_t n, float* dst) {
+  const std::size_t head = kStream ? head_elems(dst, n, 64) : 0;
+  swapped_float_rows(src, head, dst);
+  const __m512i swap = _mm512_broadcast_i32x4(reversal(4));
+  std::size_t i = head;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_castsi512_ps(_mm512_shuffle_epi8(_mm512_loadu_si512(src + 4 * i), swap));
+    if constexpr (kStream) {
+      _mm512_stream_ps(dst + i, v);
+    } else {
+      _mm512_storeu_ps(dst + i, v);
+    }
+  }
+  swapped_float_rows(src + 4 * i, n - i, dst + i);
+}
+
+template <bool kStream>
+[[gnu::target("avx2")]] void swapped_float_avx2(const std::byte* src, std::size_t n, float* dst) {
+  const std::size_t head = kStream ? head_elems(dst, n, 32) : 0;
+  swapped_float_rows(src, head, dst);
+  const __m256i swap = _mm256_broadcastsi128_si256(reversal(4));
+  std::size_t i = head;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_castsi256_ps(
+        _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 4 * i)), swap));
+    if constexpr (kStream) {
+      _mm256_stream_ps(dst + i, v);
+    } else {
+      _mm256_storeu_ps(dst + i, v);
+    }
+  }
+  swapped_float_rows(src + 4 * i, n - i, dst + i);
 }
 
 enum class Isa { kBaseline, kAvx2, kAvx512 };
@@ -155,7 +210,8 @@ Isa isa() {
 
 bool converts_to_float32_vectorised(const ScalarType& type) {
 #if NPYFEED_STREAMING_STORES
-  return type.kind == 'f' && (type.size == 2 || (type.size == 8 && !type.swapped)) && isa() != Isa::kBaseline;
+  // float32 stored as float32 wants is a copy (convert's memcpy, streaming_copy), not a conversion.
+  return type.kind == 'f' && (type.size != 4 || type.swapped) && isa() != Isa::kBaseline;
 #else
   (void)type;
   return false;
@@ -165,19 +221,23 @@ bool converts_to_float32_vectorised(const ScalarType& type) {
 void convert_to_float32(const std::byte* src, const ScalarType& type, std::size_t n, float* dst, bool streamed) {
 #if NPYFEED_STREAMING_STORES
   if (converts_to_float32_vectorised(type)) {
-    const bool half = type.size == 2;
-    if (isa() == Isa::kAvx512) {
-      if (half) {
+    const bool wide = isa() == Isa::kAvx512;
+    if (type.size == 2) {
+      if (wide) {
         (streamed ? half_avx512<true> : half_avx512<false>)(src, n, dst, type.swapped);
       } else {
-        (streamed ? double_avx512<true> : double_avx512<false>)(src, n, dst);
-      }
-    } else {
-      if (half) {
         (streamed ? half_avx2<true> : half_avx2<false>)(src, n, dst, type.swapped);
-      } else {
-        (streamed ? double_avx2<true> : double_avx2<false>)(src, n, dst);
       }
+    } else if (type.size == 4) {
+      if (wide) {
+        (streamed ? swapped_float_avx512<true> : swapped_float_avx512<false>)(src, n, dst);
+      } else {
+        (streamed ? swapped_float_avx2<true> : swapped_float_avx2<false>)(src, n, dst);
+      }
+    } else if (wide) {
+      (streamed ? double_avx512<true> : double_avx512<false>)(src, n, dst, type.swapped);
+    } else {
+      (streamed ? double_avx2<true> : double_avx2<false>)(src, n, dst, type.swapped);
     }
     if (streamed) stream_fence();
     return;

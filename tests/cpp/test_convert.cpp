@@ -1,8 +1,10 @@
 // detail::convert_to_float32 (the vector loops of convert.cpp) against the scalar conversions: every float16 bit
-// pattern in both byte orders (NaN payloads kept, as numpy keeps them), float64 bit patterns at the edges of
-// float32 (rounding, overflow, subnormals, NaN payloads); written with ordinary and with streaming stores, at every
-// destination offset within a 64-byte line, nothing outside the destination written. Run again without AVX-512
-// (NPYFEED_AVX512=0: the AVX2 loops) by ctest.
+// pattern in both byte orders (NaN payloads kept, as numpy keeps them); float64 bit patterns at the edges of
+// float32 (rounding, overflow, subnormals, NaN payloads) in both byte orders; float32 in the other byte order
+// (every bit kept). Written with ordinary and with streaming stores, at every destination offset within a 64-byte
+// line, nothing outside the destination written. Run again without AVX-512 (NPYFEED_AVX512=0: the AVX2 loops) by
+// ctest.
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -74,7 +76,20 @@ TEST_CASE("convert_to_float32: every float16 bit pattern, both byte orders, as h
   }
 }
 
-TEST_CASE("convert_to_float32: float64 at the edges of float32 converts as static_cast<float>") {
+// `values` stored in native or reversed byte order, as raw bytes.
+template <class T>
+std::vector<std::byte> stored(const std::vector<T>& values, bool swapped) {
+  std::vector<std::byte> out(sizeof(T) * values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    std::byte b[sizeof(T)];
+    std::memcpy(b, &values[i], sizeof(T));
+    if (swapped) std::reverse(b, b + sizeof(T));
+    std::memcpy(out.data() + sizeof(T) * i, b, sizeof(T));
+  }
+  return out;
+}
+
+TEST_CASE("convert_to_float32: float64 at the edges of float32, both byte orders, as static_cast<float>") {
   std::vector<double> values = {0.0,
                                 -0.0,
                                 1.0,
@@ -100,31 +115,38 @@ TEST_CASE("convert_to_float32: float64 at the edges of float32 converts as stati
   }
   std::mt19937_64 rng(17);
   while (values.size() < 4099) values.push_back(std::bit_cast<double>(rng()));  // any bits, NaNs included
-  std::vector<std::byte> src(8 * values.size());
   std::vector<float> want(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    std::memcpy(src.data() + 8 * i, &values[i], 8);
-    want[i] = static_cast<float>(values[i]);
+  for (std::size_t i = 0; i < values.size(); ++i) want[i] = static_cast<float>(values[i]);
+  for (const bool swapped : {false, true}) {
+    int bad = 0;
+    check_against(stored(values, swapped), scalar('f', 8, swapped), want, {0, 1, 7, 8, 15, 16, 17, 100, values.size()},
+                  bad);
+    CHECK_EQ(bad, 0);
   }
+}
+
+TEST_CASE("convert_to_float32: float32 in the other byte order, every bit kept (NaN payloads too)") {
+  std::vector<std::uint32_t> bits = {0x7F800001u, 0xFF800001u, 0x7FC00000u, 0x7F800000u, 0x80000000u, 0x00000001u};
+  std::mt19937 rng(23);
+  while (bits.size() < 4099) bits.push_back(static_cast<std::uint32_t>(rng()));
+  std::vector<float> want(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) want[i] = std::bit_cast<float>(bits[i]);
   int bad = 0;
-  check_against(src, scalar('f', 8, false), want, {0, 1, 7, 8, 15, 16, 17, 100, values.size()}, bad);
+  check_against(stored(bits, true), scalar('f', 4, true), want, {0, 1, 7, 8, 15, 16, 17, 100, bits.size()}, bad);
   CHECK_EQ(bad, 0);
 }
 
-TEST_CASE("convert_to_float32: the vector loops serve float16 and native float64 only, others the scalar loops") {
+TEST_CASE("convert_to_float32: the vector loops serve float16, float64 and swapped float32; others the scalar loops") {
   CHECK(!detail::converts_to_float32_vectorised(scalar('f', 4, false)));
-  CHECK(!detail::converts_to_float32_vectorised(scalar('f', 8, true)));
   CHECK(!detail::converts_to_float32_vectorised(scalar('i', 2, false)));
-  // Big-endian float64 through the scalar loop, the same function.
-  const double v[] = {1.5, -2.25, 1e300};
+  CHECK(!detail::converts_to_float32_vectorised(scalar('u', 1, false)));
+  // int16 through the scalar loop, the same function, streamed or not.
+  const std::int16_t v[] = {-32768, -1, 0, 7, 32767};
   std::vector<std::byte> src(sizeof v);
-  for (std::size_t i = 0; i < 3; ++i) {
-    const std::uint64_t swapped = __builtin_bswap64(std::bit_cast<std::uint64_t>(v[i]));
-    std::memcpy(src.data() + 8 * i, &swapped, 8);
+  std::memcpy(src.data(), v, sizeof v);
+  for (const bool streamed : {false, true}) {
+    float out[5];
+    detail::convert_to_float32(src.data(), scalar('i', 2, false), 5, out, streamed);
+    CHECK(out[0] == -32768.0f && out[1] == -1.0f && out[2] == 0.0f && out[3] == 7.0f && out[4] == 32767.0f);
   }
-  float out[3];
-  detail::convert_to_float32(src.data(), scalar('f', 8, true), 3, out, true);
-  CHECK_EQ(out[0], 1.5f);
-  CHECK_EQ(out[1], -2.25f);
-  CHECK_EQ(out[2], static_cast<float>(1e300));
 }

@@ -79,8 +79,8 @@ inline bool convertible(const ScalarType& type) {
   }
 }
 
-/// Whether convert_to_float32 has a vector loop for `type` on this CPU: float16 (either byte order) and float64
-/// (native order), with AVX2 and F16C or AVX-512 (as use_avx512() says). In convert.cpp.
+/// Whether convert_to_float32 has a vector loop for `type` on this CPU: float16 and float64 (either byte order),
+/// float32 in the other byte order; with AVX2 and F16C, or AVX-512 (as use_avx512() says). In convert.cpp.
 bool converts_to_float32_vectorised(const ScalarType& type);
 
 /// convert<float>'s result, bit for bit (float16 NaNs keep their payload, as numpy's), by those vector loops where
@@ -125,7 +125,7 @@ void convert(const std::byte* src, const ScalarType& type, std::size_t n, Out* d
       break;
     case 'f':
       if constexpr (std::is_same_v<Out, float>) {
-        if (type.size != 4 && converts_to_float32_vectorised(type)) return convert_to_float32(src, type, n, dst, false);
+        if (converts_to_float32_vectorised(type)) return convert_to_float32(src, type, n, dst, false);
       }
       switch (type.size) {
         case 2:
