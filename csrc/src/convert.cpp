@@ -26,6 +26,25 @@ std::size_t head_elems(const float* dst, std::size_t n, std::size_t align) {
   return std::min(n, ((align - misaligned) & (align - 1)) / sizeof(float));
 }
 
+// One vector to `p`: streamed past the caches (kStream) or stored as usual; any alignment without kStream, 64- or
+// 32-byte aligned with it.
+template <bool kStream>
+[[gnu::target("avx512f"), gnu::always_inline]] inline void store(float* p, __m512 v) {
+  if constexpr (kStream) {
+    _mm512_stream_ps(p, v);
+  } else {
+    _mm512_storeu_ps(p, v);
+  }
+}
+template <bool kStream>
+[[gnu::target("avx"), gnu::always_inline]] inline void store(float* p, __m256 v) {
+  if constexpr (kStream) {
+    _mm256_stream_ps(p, v);
+  } else {
+    _mm256_storeu_ps(p, v);
+  }
+}
+
 // Byte indices that reverse each element of `size` bytes in a 16-byte lane (pshufb works lane by lane).
 __m128i reversal(int size) {
   alignas(16) std::uint8_t order[16];
@@ -34,17 +53,19 @@ __m128i reversal(int size) {
 }
 
 // 8 doubles at `p`, their bytes reversed first when `swapped` (by `swap`).
-[[gnu::target("avx512f,avx512bw")]] __m512d load_doubles(const std::byte* p, bool swapped, __m512i swap) {
+[[gnu::target("avx512f,avx512bw"), gnu::always_inline]] inline __m512d load_doubles(const std::byte* p, bool swapped,
+                                                                                    __m512i swap) {
   const __m512i v = _mm512_loadu_si512(p);
   return _mm512_castsi512_pd(swapped ? _mm512_shuffle_epi8(v, swap) : v);
 }
-[[gnu::target("avx2")]] __m256d load_doubles(const std::byte* p, bool swapped, __m256i swap) {
+[[gnu::target("avx2"), gnu::always_inline]] inline __m256d load_doubles(const std::byte* p, bool swapped,
+                                                                        __m256i swap) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm256_castsi256_pd(swapped ? _mm256_shuffle_epi8(v, swap) : v);
 }
 
 // A float16 NaN's float32 bits, as half_to_float builds them: sign << 16 | 0x7F800000 | mantissa << 13.
-[[gnu::target("avx512f")]] __m512 exact_half_nan(__m512i w) {
+[[gnu::target("avx512f"), gnu::always_inline]] inline __m512 exact_half_nan(__m512i w) {
   const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(w, _mm512_set1_epi32(0x8000)), 16);
   const __m512i mantissa = _mm512_slli_epi32(_mm512_and_si512(w, _mm512_set1_epi32(0x3FF)), 13);
   return _mm512_castsi512_ps(_mm512_or_si512(_mm512_or_si512(sign, _mm512_set1_epi32(0x7F800000)), mantissa));
@@ -76,13 +97,8 @@ template <bool kStream>
       a = _mm512_mask_mov_ps(a, na, exact_half_nan(wa));
       b = _mm512_mask_mov_ps(b, nb, exact_half_nan(wb));
     }
-    if constexpr (kStream) {
-      _mm512_stream_ps(dst + i, a);
-      _mm512_stream_ps(dst + i + 16, b);
-    } else {
-      _mm512_storeu_ps(dst + i, a);
-      _mm512_storeu_ps(dst + i + 16, b);
-    }
+    store<kStream>(dst + i, a);
+    store<kStream>(dst + i + 16, b);
   }
   half_rows(src + 2 * i, n - i, dst + i, swapped);
 }
@@ -99,11 +115,7 @@ template <bool kStream>
     const __m256 hi = _mm512_cvtpd_ps(load_doubles(src + 8 * i + 64, swapped, swap));
     const __m512 v =
         _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
-    if constexpr (kStream) {
-      _mm512_stream_ps(dst + i, v);
-    } else {
-      _mm512_storeu_ps(dst + i, v);
-    }
+    store<kStream>(dst + i, v);
   }
   double_rows(src + 8 * i, n - i, dst + i, swapped);
 }
@@ -129,11 +141,7 @@ template <bool kStream>
                           _mm256_slli_epi32(_mm256_and_si256(w, mantissa), 13));
       v = _mm256_blendv_ps(v, _mm256_castsi256_ps(exact), _mm256_castsi256_ps(nan));
     }
-    if constexpr (kStream) {
-      _mm256_stream_ps(dst + i, v);
-    } else {
-      _mm256_storeu_ps(dst + i, v);
-    }
+    store<kStream>(dst + i, v);
   }
   half_rows(src + 2 * i, n - i, dst + i, swapped);
 }
@@ -148,11 +156,7 @@ template <bool kStream>
     const __m128 lo = _mm256_cvtpd_ps(load_doubles(src + 8 * i, swapped, swap));
     const __m128 hi = _mm256_cvtpd_ps(load_doubles(src + 8 * i + 32, swapped, swap));
     const __m256 v = _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
-    if constexpr (kStream) {
-      _mm256_stream_ps(dst + i, v);
-    } else {
-      _mm256_storeu_ps(dst + i, v);
-    }
+    store<kStream>(dst + i, v);
   }
   double_rows(src + 8 * i, n - i, dst + i, swapped);
 }
@@ -166,11 +170,7 @@ template <bool kStream>
   std::size_t i = head;
   for (; i + 16 <= n; i += 16) {
     const __m512 v = _mm512_castsi512_ps(_mm512_shuffle_epi8(_mm512_loadu_si512(src + 4 * i), swap));
-    if constexpr (kStream) {
-      _mm512_stream_ps(dst + i, v);
-    } else {
-      _mm512_storeu_ps(dst + i, v);
-    }
+    store<kStream>(dst + i, v);
   }
   swapped_float_rows(src + 4 * i, n - i, dst + i);
 }
@@ -184,11 +184,7 @@ template <bool kStream>
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_castsi256_ps(
         _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 4 * i)), swap));
-    if constexpr (kStream) {
-      _mm256_stream_ps(dst + i, v);
-    } else {
-      _mm256_storeu_ps(dst + i, v);
-    }
+    store<kStream>(dst + i, v);
   }
   swapped_float_rows(src + 4 * i, n - i, dst + i);
 }
