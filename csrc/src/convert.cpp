@@ -22,8 +22,7 @@ void swapped_float_rows(const std::byte* src, std::size_t n, float* dst) {
 #if NPYFEED_STREAMING_STORES
 // Elements of float at `dst` before its first `align`-byte boundary (at most n).
 std::size_t head_elems(const float* dst, std::size_t n, std::size_t align) {
-  const auto misaligned = reinterpret_cast<std::uintptr_t>(dst) & (align - 1);
-  return std::min(n, ((align - misaligned) & (align - 1)) / sizeof(float));
+  return std::min(n, bytes_to_boundary(dst, align) / sizeof(float));
 }
 
 // One vector to `p`: streamed past the caches (kStream) or stored as usual; any alignment without kStream, 64- or

@@ -353,7 +353,8 @@ void Gather::gather_factors(std::size_t begin, std::vector<std::byte>& scratch, 
   const bool stream_rows = stream_x_ && t.identity() && native;
   // Replaced or normalised on the way, written past the caches just the same.
   const bool stream_finished = stream_x_ && !t.selects() && t.finishes() && native;
-  // Converted on the way to float32 by a vector loop (float16, float64), written past the caches as well.
+  // Converted on the way to float32 by a vector loop (detail::converts_to_float32_vectorised), written past the
+  // caches as well.
   const bool stream_converted =
       stream_x_ && t.identity() && in_.out_size == 4 && detail::converts_to_float32_vectorised(st);
   for (std::size_t i = 0; i < runs.size(); ++i) {

@@ -108,7 +108,7 @@ void streaming_copy(std::byte* dst, const std::byte* src, std::size_t n, SourceR
   if (n >= 128) {
     // Head to the first 64-byte boundary of dst and the tail after the last one through memcpy, the lines
     // between them streamed whole.
-    const std::size_t head = (64 - (reinterpret_cast<std::uintptr_t>(dst) & 63u)) & 63u;
+    const std::size_t head = bytes_to_boundary(dst, 64);
     const std::size_t body = (n - head) & ~std::size_t{63};
     std::memcpy(dst, src, head);
     const bool once = reuse == SourceReuse::kOnce;

@@ -89,6 +89,20 @@ struct FinishArgs {
   const std::byte* prefetch_end = nullptr;  // streamed: the source fetched ahead up to here (nullptr: not at all)
 };
 
+// One element finished: its NaN and infinities replaced, then normalised (`scale`: 1/std, or std under kDivide).
+// The loops below apply it element by element, or in vector registers to the same effect.
+template <class Out, unsigned F>
+[[gnu::always_inline]] inline Out finish_value(Out v, std::uint64_t j, Out nan, Out posinf, Out neginf, const Out* mean,
+                                               const Out* scale) {
+  [[maybe_unused]] constexpr Out kInf = std::numeric_limits<Out>::infinity();  // unused by some kernels
+  if constexpr ((F & kNan) != 0) v = v != v ? nan : v;
+  if constexpr ((F & kPosinf) != 0) v = v == kInf ? posinf : v;
+  if constexpr ((F & kNeginf) != 0) v = v == -kInf ? neginf : v;
+  if constexpr ((F & kNormalize) != 0 && (F & kDivide) != 0) v = (v - mean[j]) / scale[j];
+  if constexpr ((F & kNormalize) != 0 && (F & kDivide) == 0) v = (v - mean[j]) * scale[j];
+  return v;
+}
+
 // One branch-free loop per combination of options, so each vectorises on its own; from `src` (rows already in
 // the output type: the source's own elements, or `dst` itself) to `dst`, so that a source stored as the output
 // wants it is read once, not copied and then passed over again.
@@ -102,17 +116,15 @@ template <class Out, unsigned F, bool kStream>
 [[gnu::always_inline]] inline void finish_body(const FinishArgs<Out>& a, const Out* src, Out* dst, std::uint64_t rows) {
   using Bits = std::conditional_t<sizeof(Out) == 4, std::uint32_t, std::uint64_t>;
   constexpr Bits kExponent = static_cast<Bits>(sizeof(Out) == 4 ? 0x7F800000ull : 0x7FF0000000000000ull);
-  [[maybe_unused]] constexpr Out kInf = std::numeric_limits<Out>::infinity();  // unused by some kernels
   constexpr std::uint64_t kBlock = 256;
   constexpr bool kReplace = (F & (kNan | kPosinf | kNeginf)) != 0;
   const Out nan = a.nan, posinf = a.posinf, neginf = a.neginf;
   const Out* const mean = a.mean;
   const Out* const scale = a.std;  // 1/std, or std under kDivide
   const std::uint64_t n = a.elems;
-  auto normalized = [&](Out v, std::uint64_t j) {
-    if constexpr ((F & kNormalize) != 0 && (F & kDivide) != 0) v = (v - mean[j]) / scale[j];
-    if constexpr ((F & kNormalize) != 0 && (F & kDivide) == 0) v = (v - mean[j]) * scale[j];
-    return v;
+  auto finished = [&](Out v, std::uint64_t j) { return finish_value<Out, F>(v, j, nan, posinf, neginf, mean, scale); };
+  auto normalized = [&](Out v, std::uint64_t j) {  // a value known to be finite
+    return finish_value<Out, F & ~(kNan | kPosinf | kNeginf)>(v, j, nan, posinf, neginf, mean, scale);
   };
   auto special = [&](Out v) {
     Bits bits;
@@ -147,13 +159,7 @@ template <class Out, unsigned F, bool kStream>
             for (std::uint64_t j = j0; j < end; ++j) any |= special(in[j]);
           }
           if (any != 0) {
-            for (std::uint64_t j = j0; j < end; ++j) {
-              Out v = in[j];
-              if constexpr ((F & kNan) != 0) v = v != v ? nan : v;
-              if constexpr ((F & kPosinf) != 0) v = v == kInf ? posinf : v;
-              if constexpr ((F & kNeginf) != 0) v = v == -kInf ? neginf : v;
-              out[j - j0] = normalized(v, j);
-            }
+            for (std::uint64_t j = j0; j < end; ++j) out[j - j0] = finished(in[j], j);
             return;
           }
         }
@@ -235,20 +241,12 @@ template <class Out, unsigned F>
   // Without normalisation an element's result does not depend on its column: the rows are one run.
   const std::uint64_t n = kNormal ? a.elems : a.elems * rows;
   const std::uint64_t runs = kNormal ? rows : 1;
-  auto one = [&](Out v, std::uint64_t j) {
-    if constexpr ((F & kNan) != 0) v = v != v ? nan : v;
-    if constexpr ((F & kPosinf) != 0) v = v == kInf ? posinf : v;
-    if constexpr ((F & kNeginf) != 0) v = v == -kInf ? neginf : v;
-    if constexpr (kNormal && (F & kDivide) != 0) v = (v - mean[j]) / scale[j];
-    if constexpr (kNormal && (F & kDivide) == 0) v = (v - mean[j]) * scale[j];
-    return v;
-  };
+  auto one = [&](Out v, std::uint64_t j) { return finish_value<Out, F>(v, j, nan, posinf, neginf, mean, scale); };
   for (std::uint64_t r = 0; r < runs; ++r) {
     const Out* in = src + r * n;
     Out* out = dst + r * n;
     // Elements up to the first 64-byte line of the destination and after its last one stored as usual.
-    const std::uint64_t head =
-        std::min<std::uint64_t>(n, ((64 - (reinterpret_cast<std::uintptr_t>(out) & 63u)) & 63u) / sizeof(Out));
+    const std::uint64_t head = std::min<std::uint64_t>(n, detail::bytes_to_boundary(out, 64) / sizeof(Out));
     const std::uint64_t body_end = head + (n - head) / L::kCount * L::kCount;
     for (std::uint64_t j = 0; j < head; ++j) out[j] = one(in[j], j);
     for (std::uint64_t j = head; j < body_end; j += L::kCount) {

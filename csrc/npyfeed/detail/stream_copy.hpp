@@ -38,6 +38,12 @@ bool prefetch_read_once();
 /// CPUs lower their clock for AVX-512). Decided once, at the first call.
 bool use_avx512() noexcept;
 
+/// Bytes from `p` to the next multiple of `align` (a power of two): where aligned stores can start; 0 when `p` is
+/// aligned.
+inline std::size_t bytes_to_boundary(const void* p, std::size_t align) noexcept {
+  return (align - (reinterpret_cast<std::uintptr_t>(p) & (align - 1))) & (align - 1);
+}
+
 /// How soon the source of a copy is read again: kOnce (by nothing soon: its lines are fetched ahead with a
 /// non-temporal hint, so they do not displace what the caches hold for other threads) or kAgain (the next
 /// copies read some of the same bytes, e.g. overlapping windows: it goes through the caches).
@@ -67,7 +73,7 @@ inline void prefetch_once(const std::byte* from, const std::byte* to) noexcept {
 /// L1), many such stores fenced once by stream_fence().
 inline void stream_unfenced(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
 #if NPYFEED_STREAMING_STORES
-  const std::size_t head = std::min(n, (64 - (reinterpret_cast<std::uintptr_t>(dst) & 63u)) & 63u);
+  const std::size_t head = std::min(n, bytes_to_boundary(dst, 64));
   const std::size_t body = (n - head) & ~std::size_t{63};
   std::memcpy(dst, src, head);
   for (std::size_t i = head; i < head + body; i += 16) {
