@@ -228,3 +228,16 @@ def test_bench_streaming_options_quick(tmp_path, options):
     # --quick rows have 16 columns: a quarter of them selected, in every variant's source.
     for variant in ("off", "on"):
         assert result["runs"][variant][0]["x_shape"] == [result["args"]["window"], 4], result["runs"][variant]
+
+
+def test_bench_open_quick(tmp_path):
+    out = tmp_path / "open.json"
+    proc = run_bench("bench_open.py", tmp_path, "--baseline", _this_install(), "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "speed-up per round" in proc.stdout and "limit ms" in proc.stdout, proc.stdout
+    result = json.loads(out.read_text())
+    for mode in ("mmap", "read", "direct"):
+        for cache in ("warm", "cold"):
+            for build in ("this", "baseline"):
+                assert len(result["seconds"][f"{mode} {cache} {build}"]) == 1
+    assert result["max_residency_after_evict"] < 0.5  # eviction worked: the cold opens were cold

@@ -72,3 +72,53 @@ def test_closing_while_cold_hints_are_queued(dataset, mode):
     with src.batches(8, shuffle=True, prefetch=8) as it:
         next(it)
     assert check_epoch(src, dataset, np.float32, 64, shuffle=True, epoch=2) > 0
+
+
+_COUNT_POOL_THREADS = """
+import os, sys, npyfeed
+index, factor_dir, label_dir, mode = sys.argv[1:]
+src = npyfeed.WindowSource(index, factor_dir, label_dir, 4, mode=mode, threads=2, cache=False)
+names = []
+for tid in os.listdir("/proc/self/task"):
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            names.append(f.read().strip())
+    except FileNotFoundError:  # a thread that ended meanwhile
+        pass
+print(len(src.keys), sum(name == "npyfeed" for name in names))
+"""
+
+
+@pytest.mark.parametrize("mode", ["mmap", "read", "direct"])
+def test_opens_wait_for_the_device_many_at_a_time_only_where_files_are_not_cached(tmp_path, mode):
+    """An open of files not in the page cache waits for a read per file: 16 keys are opened at once (the
+    device answers them together), whatever `threads`. Of cached files, `threads` keys at once (more would only
+    contend for memory), except in mode "direct", whose reads never come from the cache. Seen as the npyfeed
+    threads a fresh process has after the open; the source is np.load's either way."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(3)
+    keys = [f"k{i:02d}" for i in range(40)]
+    factors = {k: rng.standard_normal((64, 4), dtype=np.float32) for k in keys}
+    labels = {k: rng.standard_normal((64, 1), dtype=np.float32) for k in keys}
+    ds = write_dataset(tmp_path, factors, labels, [(10, 3, k) for k in keys], 4)
+
+    def pool_threads_after_open() -> int:
+        out = subprocess.run([sys.executable, "-c", _COUNT_POOL_THREADS, str(ds.index), str(ds.factor_dir),
+                              str(ds.label_dir), mode], capture_output=True, text=True, timeout=120, cwd="/")
+        assert out.returncode == 0, out.stderr
+        opened, threads = map(int, out.stdout.split())
+        assert opened == len(keys)
+        return threads
+
+    make_cold(ds)
+    assert pool_threads_after_open() >= 16
+    npyfeed.warm(data_files(ds), lock=False)
+    warm_threads = pool_threads_after_open()
+    if mode == "direct":
+        assert warm_threads >= 16
+    else:
+        assert warm_threads <= 4  # the index's and the open's: 2 threads each at most
+    make_cold(ds)
+    assert check_epoch(open_source(ds, mode), ds, np.float32, 16, shuffle=True) > 0

@@ -87,7 +87,7 @@ std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::v
       std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size,
                                                            placement, npz_member, npz_memory_limit, transform, dense));
   wait_interruptibly(without_gil([&] {
-    return source->start_open(shared_pool(0, placement), factor_paths, label_paths);  // checks the placement first
+    return source->start_open(shared_io_pool(0, placement), factor_paths, label_paths);  // checks the placement first
   }));
   without_gil([&] { source->finish_open(); });
   return source;

@@ -45,6 +45,9 @@ class File {
   std::size_t read_at(void* buffer, std::size_t length, std::uint64_t offset) const;
   /// Like read_at, but a short read is an NpyFormatError saying the file ended early (truncated).
   void read_exact(void* buffer, std::size_t length, std::uint64_t offset) const;
+  /// Whether the byte at `offset` is in the page cache, by a 1-byte RWF_NOWAIT read (EAGAIN: it is not).
+  /// True where that cannot tell (a closed file, an error, a kernel or filesystem without RWF_NOWAIT).
+  bool probably_cached(std::uint64_t offset) const noexcept;
   void close() noexcept;
 
  private:

@@ -66,6 +66,10 @@ struct KeyArrays {
   std::vector<ArraySource> labels;
 };
 
+/// Keys opened at once where the files are not in the page cache (at least; more when the source has more
+/// threads): such an open waits for a read per file, and a device answers many of them in the time of one.
+inline constexpr std::size_t kOpensInFlight = 16;
+
 class WindowSource : public std::enable_shared_from_this<WindowSource> {
  public:
   /// Throws InvalidArgument for a window below 1, an output size other than 4 or 8, threads of 0, or (dense) a
@@ -74,8 +78,9 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   /// Stops the background populate (start_populate) at its next step.
   ~WindowSource();
 
-  /// File sources: paths per key (same order as index keys). Opening runs as a job (headers, maps);
-  /// call finish_open() after it finished.
+  /// File sources: paths per key (same order as index keys). Opening runs as a job (headers, maps) on
+  /// `pool` (the pool for device waits): `threads` workers where a sample of the files is in the page cache,
+  /// else (and in mode direct) at least kOpensInFlight. Call finish_open() after it finished.
   std::shared_ptr<Job> start_open(ThreadPool& pool, std::vector<std::string> factor_paths,
                                   std::vector<std::string> label_paths);
   /// In-memory sources: `shape` and `typestr` (numpy dtype.str) of C-contiguous `data`, kept alive by

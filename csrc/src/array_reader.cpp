@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -232,13 +231,9 @@ class PreadReader final : public FileReader {
     ::posix_fadvise(file_.fd(), static_cast<off_t>(header_.data_offset + offset), static_cast<off_t>(length),
                     POSIX_FADV_WILLNEED);
   }
-  // A 1-byte RWF_NOWAIT read: EAGAIN means the byte is not cached. Unknown (no descriptor) counts as cached.
+  // Unknown (no descriptor kept) counts as cached.
   bool probably_cached(std::uint64_t offset) const override {
-    if (!file_.is_open()) return true;
-    char byte;
-    struct iovec iov{&byte, 1};
-    ssize_t got = ::preadv2(file_.fd(), &iov, 1, static_cast<off_t>(header_.data_offset + offset), RWF_NOWAIT);
-    return !(got < 0 && errno == EAGAIN);
+    return file_.probably_cached(header_.data_offset + offset);
   }
 
  private:

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -111,6 +112,14 @@ void File::read_exact(void* buffer, std::size_t length, std::uint64_t offset) co
                          "file ended while reading " + std::to_string(length) + " bytes at offset " +
                              std::to_string(offset) + " (truncated, or shrunk while being read)");
   }
+}
+
+bool File::probably_cached(std::uint64_t offset) const noexcept {
+  if (fd_ < 0) return true;
+  char byte;
+  struct iovec iov{&byte, 1};
+  const ssize_t got = ::preadv2(fd_, &iov, 1, static_cast<off_t>(offset), RWF_NOWAIT);
+  return !(got < 0 && errno == EAGAIN);
 }
 
 }  // namespace npyfeed

@@ -10,6 +10,7 @@
 
 #include "npyfeed/detail/convert.hpp"
 #include "npyfeed/errors.hpp"
+#include "npyfeed/file.hpp"
 #include "npyfeed/npz.hpp"
 
 namespace npyfeed {
@@ -132,6 +133,27 @@ ArraySource WindowSource::open_file(const std::string& path, bool label) const {
   return source;
 }
 
+namespace {
+
+// Whether the first page of every file of a few keys spread over the data set is in the page cache (files
+// that cannot be opened, e.g. a `.npz` in place of a `.npy`, are left to the open to report).
+bool sample_looks_cached(const std::vector<std::string>& factor_paths, const std::vector<std::string>& label_paths) {
+  constexpr std::size_t kSampledKeys = 8;
+  const std::size_t keys = factor_paths.size();
+  for (std::size_t i = 0; i < std::min(keys, kSampledKeys); ++i) {
+    const std::size_t key = i * keys / std::min(keys, kSampledKeys);
+    for (const std::string* path : {&factor_paths[key], &label_paths[key]}) {
+      try {
+        if (!File::open(*path).probably_cached(0)) return false;
+      } catch (const Error&) {
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 void WindowSource::open_key(std::size_t key, const std::string& factor_path, const std::string& label_path) {
   std::string missing;
   // `<key>.npy`, else `<key>.npz` beside it.
@@ -170,8 +192,14 @@ std::shared_ptr<Job> WindowSource::start_open(ThreadPool& pool, std::vector<std:
   auto self = shared_from_this();
   auto f = std::make_shared<std::vector<std::string>>(std::move(factor_paths));
   auto l = std::make_shared<std::vector<std::string>>(std::move(label_paths));
-  return pool.start(index_.keys.size(), options_.threads,
-                    [self, f, l](std::size_t k) { self->open_key(k, (*f)[k], (*l)[k]); });
+  // Where its files are not in the page cache, an open waits for a read (the header; in "read" and "direct"
+  // modes a small label file, read whole): then many in flight, which a device answers together. Where they
+  // are, it is CPU and memory work (a label file read whole into fresh pages), done best by `threads`
+  // workers: more only contend for the page tables (measured: a warm "read" open of 14,000 keys took 1.5-2.5x
+  // as long with 16). O_DIRECT reads never come from the cache.
+  const bool waits_for_device = options_.mode == ReadMode::kDirect || !sample_looks_cached(*f, *l);
+  const std::size_t workers = waits_for_device ? std::max(options_.threads, kOpensInFlight) : options_.threads;
+  return pool.start(index_.keys.size(), workers, [self, f, l](std::size_t k) { self->open_key(k, (*f)[k], (*l)[k]); });
 }
 
 void WindowSource::set_memory_source(std::size_t key, bool label, std::shared_ptr<const void> owner,
