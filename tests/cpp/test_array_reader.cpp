@@ -1,8 +1,12 @@
 // ArrayReader, the one owner of the read modes: every reader (mmap, pread, O_DIRECT, a file read whole,
 // memory) gives the file's bytes through read, fetch, read_strided and allocate + fill, with descriptors
 // kept or reopened; a file replaced under a reader that reopens is refused; a file shrunk under one is an
-// NpyFormatError naming it. The loader and gather tests use the readers through their callers.
+// NpyFormatError naming it. The loader and gather tests use the readers through their callers. Also
+// File::probably_cached, the page-cache look that sizes opens and tells a cold batch (RWF_NOWAIT).
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -323,3 +327,34 @@ TEST_CASE("a refused mapping (ENOMEM): half the kept mappings let go and the bou
   CHECK_EQ(cache.capacity(), 2u);
 }
 #endif
+
+TEST_CASE("File::probably_cached: true for a byte just read, false once evicted (where the kernel evicts it)") {
+  TempDir dir;
+  const Written w = write(dir, "c.npy", kBytes, 7);
+  File file = File::open(w.path);
+  std::vector<std::byte> head(4096);
+  file.read_exact(head.data(), head.size(), 0);
+  CHECK(file.probably_cached(0));
+  CHECK(file.probably_cached(kBytes + 100));  // past the end: nothing to wait for
+  // Evicted (written back first: dirty pages stay), a byte is not cached any more, unless this filesystem keeps
+  // everything in memory (tmpfs) or the kernel cannot tell (no RWF_NOWAIT): seen through mincore on a mapping.
+  ::fdatasync(file.fd());
+  ::posix_fadvise(file.fd(), 0, 0, POSIX_FADV_DONTNEED);
+  void* map = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, file.fd(), 0);
+  REQUIRE(map != MAP_FAILED);
+  unsigned char resident = 1;
+  REQUIRE(::mincore(map, 4096, &resident) == 0);
+  ::munmap(map, 4096);
+  if ((resident & 1) == 0) {
+    // Whether this kernel and filesystem take RWF_NOWAIT for buffered reads at all, asked 2 MiB away (such a
+    // read starts read-ahead from where it asks, which must not reach offset 0 before the check below).
+    char byte;
+    struct iovec iov{&byte, 1};
+    const bool nowait_taken = ::preadv2(file.fd(), &iov, 1, 2 << 20, RWF_NOWAIT) >= 0 || errno != EOPNOTSUPP;
+    if (nowait_taken) CHECK(!file.probably_cached(0));
+  }
+  file.read_exact(head.data(), head.size(), 0);
+  CHECK(file.probably_cached(0));
+  file.close();
+  CHECK(file.probably_cached(0));  // a closed file cannot tell: assumed cached
+}
