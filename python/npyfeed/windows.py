@@ -57,8 +57,9 @@ class WindowSource:
     threads : int, optional
         Gather threads (default ``NPYFEED_THREADS`` or the CPUs this process may use). With
         ``mode="direct"`` each thread keeps 4 reads in flight (4 x `threads` pool workers), since O_DIRECT
-        workers mostly wait for the device. The open reads the files' headers at least 16 at a time (on
-        npyfeed's pool for device waits), whatever ``threads``: on a cold cache each waits for a read.
+        workers mostly wait for the device. Where the files are not in the page cache (and always in mode
+        ``"direct"``), the open reads their headers at least 16 at a time, whatever ``threads``: each waits
+        for the device, which answers many at once.
     dtype : {"float32", "float64"}
         Output element type; sources of any bool/int/float16/32/64 type are converted on the way.
     bounds : {"error", "skip", "pad"}
