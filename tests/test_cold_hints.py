@@ -8,6 +8,9 @@ The launch-once and launch-after-cancel rules of prepared jobs are in tests/cpp/
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import npyfeed
 import numpy as np
 import pytest
@@ -95,9 +98,6 @@ def test_opens_wait_for_the_device_many_at_a_time_only_where_files_are_not_cache
     device answers them together), whatever `threads`. Of cached files, `threads` keys at once (more would only
     contend for memory), except in mode "direct", whose reads never come from the cache. Seen as the npyfeed
     threads a fresh process has after the open; the source is np.load's either way."""
-    import subprocess
-    import sys
-
     rng = np.random.default_rng(3)
     keys = [f"k{i:02d}" for i in range(40)]
     factors = {k: rng.standard_normal((64, 4), dtype=np.float32) for k in keys}

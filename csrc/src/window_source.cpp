@@ -140,8 +140,9 @@ namespace {
 bool sample_looks_cached(const std::vector<std::string>& factor_paths, const std::vector<std::string>& label_paths) {
   constexpr std::size_t kSampledKeys = 8;
   const std::size_t keys = factor_paths.size();
-  for (std::size_t i = 0; i < std::min(keys, kSampledKeys); ++i) {
-    const std::size_t key = i * keys / std::min(keys, kSampledKeys);
+  const std::size_t sampled = std::min(keys, kSampledKeys);
+  for (std::size_t i = 0; i < sampled; ++i) {
+    const std::size_t key = i * keys / sampled;
     for (const std::string* path : {&factor_paths[key], &label_paths[key]}) {
       try {
         if (!File::open(*path).probably_cached(0)) return false;
