@@ -41,7 +41,10 @@ Limits, measured in the same run, interleaved with the contenders (one probe per
   cold  the disk's O_DIRECT random-read bandwidth, reads of one source window (W*F*itemsize, ~100 KB for
         float32) at random offsets (common.odirect_random_bandwidth) with 1, 4 and 16 reads in flight per thread
         (the depths the contenders reach: page faults and preads, direct's 4 per thread, a cold batch's WILLNEED
-        hints), as samples/s = GB/s / window bytes; the best depth is the limit.
+        hints), as samples/s = GB/s / window bytes; the best depth is the limit. The same reads through the page
+        cache (common.buffered_random_bandwidth, same offsets and depths) are the limit of the cold rows that read
+        through it (every one but "direct"), shown beside the disk's: a page-cache read also allocates and inserts
+        its pages, and on some machines the device serves such reads more slowly than O_DIRECT ones.
 
 Contenders run interleaved (round-robin, rotated each round) so that a noisy machine hits them alike; the table
 shows the best round (samples/s) and the median, and ratios against (a), (e) (npyfeed mmap, same dtype and cache)
@@ -70,7 +73,7 @@ import npyfeed  # noqa: E402
 from npyfeed import _baselines  # noqa: E402
 
 TABLE_HEADER = ("contender", "src", "cache", "batches", "samples/s", "median", "1st ms", "cpu us/smp", "x (a)",
-                "x (b)", "x (e)", "limit", "x limit", "setup")
+                "x (b)", "x (e)", "limit", "x limit", "x page-cache limit", "setup")
 USERS_PARALLEL_CALLS = 8  # the users' map(parser, num_parallel_calls=8) (README migration section)
 MAX_COLD_RESIDENCY = 0.02  # a cold measurement that finds more of the data cached than this is not cold
 DEFAULT_WINDOW = common.DataSpec.window  # data sets generated for this window are shared with bench_load.py
@@ -963,6 +966,9 @@ def run_dtype(args, dtype, tf, limits, log) -> tuple:
                     rr = common.odirect_random_bandwidth(data.ds.factor_paths, depth, block=window_bytes,
                                                          reads=args.random_reads, seed=rnd)
                     limits.setdefault(f"random_{dtype}_qd{depth}", []).append(None if rr is None else rr.gbps)
+                    rb = common.buffered_random_bandwidth(data.ds.factor_paths, depth, block=window_bytes,
+                                                          reads=args.random_reads, seed=rnd)
+                    limits.setdefault(f"buffered_{dtype}_qd{depth}", []).append(rb.gbps)
             shift = rnd % len(active)
             for c in active[shift:] + active[:shift]:
                 r = res[c]
@@ -1006,6 +1012,11 @@ def run_dtype(args, dtype, tf, limits, log) -> tuple:
     data.release()
     gc.collect()
     return results, setups, residency, window_bytes
+
+
+def reads_through_cache(r) -> bool:
+    """Whether a cold row's reads go through the page cache: every contender but npyfeed's "direct" mode."""
+    return r.cache == "cold" and getattr(r.contender, "mode", None) != "direct"
 
 
 def probe_depths(args) -> list:
@@ -1111,6 +1122,12 @@ def main(argv=None) -> int:
         if probes:
             depth = max(probes, key=probes.get)
             limit_rate[(dtype, "cold")] = (f"rand read qd{depth}", probes[depth] * common.GB / window_bytes[dtype])
+        buffered = {d: best(limits.get(f"buffered_{dtype}_qd{d}", [])) for d in probe_depths(args)}
+        buffered = {d: g for d, g in buffered.items() if g}
+        if buffered:
+            depth = max(buffered, key=buffered.get)
+            limit_rate[(dtype, "cold page cache")] = (f"buffered rand read qd{depth}",
+                                                      buffered[depth] * common.GB / window_bytes[dtype])
 
     def result_key(c):
         if isinstance(c, NpyfeedOption):
@@ -1124,20 +1141,25 @@ def main(argv=None) -> int:
         b = by.get(("b", r.dtype, "warm"))  # the users' common path: their dict (preloaded, so warm only)
         e = by.get(("e-mmap", r.dtype, r.cache))
         lim_name, lim = limit_rate.get((r.dtype, r.cache), ("-", None))
+        cached_name, cached = (limit_rate.get((r.dtype, "cold page cache"), (None, None)) if reads_through_cache(r)
+                               else (None, None))
         vs_a = r.best / a.best if a else None
         vs_b = r.best / b.best if b else None
         vs_e = r.best / e.best if e else None
         vs_lim = r.best / lim if lim else None
+        vs_cached = r.best / cached if cached else None
         rows.append([r.contender.name, r.dtype, r.cache, r.batches, f"{r.best:,.0f}", f"{r.median:,.0f}",
                      f"{statistics.median(r.first_ms):,.0f}", f"{r.best_cpu_us:,.1f}", common.fmt(vs_a, ".1f", "x"),
                      common.fmt(vs_b, ".1f", "x"), common.fmt(vs_e, ".2f", "x"), lim_name, common.fmt(vs_lim, ".2f", "x"),
-                     setups.get((r.contender, r.dtype), "-")])
+                     common.fmt(vs_cached, ".2f", "x"), setups.get((r.contender, r.dtype), "-")])
         results_json.append({"name": r.contender.name, "tag": r.contender.tag, "dtype": r.dtype, "cache": r.cache,
                              "batches": r.batches, "samples_per_s": r.rates, "cpu_us_per_sample": r.cpu_us,
                              "first_batch_ms": r.first_ms, "best": r.best, "median": r.median,
                              "residency_before": r.residency if r.cache == "cold" else None,
                              "vs_a": vs_a, "vs_b": vs_b, "vs_e_mmap": vs_e, "limit": lim_name, "limit_samples_per_s": lim,
-                             "vs_limit": vs_lim, "setup": setups.get((r.contender, r.dtype))})
+                             "vs_limit": vs_lim, "page_cache_limit": cached_name,
+                             "page_cache_limit_samples_per_s": cached, "vs_page_cache_limit": vs_cached,
+                             "setup": setups.get((r.contender, r.dtype))})
 
     load_after = os.getloadavg()
     spec = f"{args.files} files x ({args.rows}, {args.cols})"
@@ -1165,6 +1187,13 @@ def main(argv=None) -> int:
             rate = None if g is None else g * common.GB / window_bytes[dtype]
             lim_rows.append([f"O_DIRECT random read qd{qd} ({dtype})", common.fmt(g, ".2f"),
                              "-" if rate is None else f"{rate:,.0f}", f"{window_bytes[dtype]} B windows"])
+    for name, values in limits.items():
+        if name.startswith("buffered_"):
+            dtype, qd = name[len("buffered_"):].split("_qd")
+            g = best(values)
+            rate = None if g is None else g * common.GB / window_bytes[dtype]
+            lim_rows.append([f"buffered random read qd{qd} ({dtype})", common.fmt(g, ".2f"),
+                             "-" if rate is None else f"{rate:,.0f}", f"{window_bytes[dtype]} B windows"])
     print(common.format_table(("limit", "GB/s", "samples/s", "per sample"), lim_rows, align="lrrl"))
     if tf_floor:
         print()
@@ -1190,7 +1219,7 @@ def main(argv=None) -> int:
                     print(f"    {reader:22s} over {name + ':':24s} {e_batch / (e_batch + floor):.3f}x (e) samples/s, "
                           f"CPU/sample {(e_batch + floor) / e_batch:.3f}x (e)'s")
     print()
-    print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrrrlrl"))
+    print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrrrlrrl"))
     print()
     print("samples/s = best round (median beside it); warm: counted from the first batch's arrival to the last "
           "batch's (steady state), cold: from the start (first batch included); 1st ms = median time to the first "
@@ -1265,12 +1294,16 @@ def evaluate_targets(by, limit_rate, dtypes) -> list:
             add("(f) warm vs (a) warm", dtype, ratio(f, a), ">= 75x", 75, common.fmt(ratio(f, a), ".0f", "x"))
         handoff_targets(by, dtype, add, ratio)
         disk = limit_rate.get((dtype, "cold"))
+        cached = limit_rate.get((dtype, "cold page cache"))
         m = by.get(("m", dtype, "cold"))
         for mode in ("mmap", "read", "direct"):
             e = by.get((f"e-{mode}", dtype, "cold"))
             if e:
                 add(f"(e) {mode} cold vs {disk[0] if disk else 'random read'} limit", dtype,
                     e.best / disk[1] if disk else None, ">= 0.800x", 0.8, cold_rows=(e,))
+                if mode != "direct" and cached:
+                    add(f"(e) {mode} cold vs {cached[0]} limit (the page cache's)", dtype, e.best / cached[1],
+                        ">= 0.800x", 0.8, cold_rows=(e,))
                 add(f"(e) {mode} cold vs np mmap slicing cold", dtype, ratio(e, m), ">= 5x", 5,
                     common.fmt(ratio(e, m), ".2f", "x"), cold_rows=(e, m))
     return out

@@ -42,6 +42,7 @@ from npyfeed._measure import (  # noqa: F401 - re-exported for the benchmarks
     PAGE,
     RandomReadResult,
     _run_threads,  # also used by the fresh-copy and page-touch probes below
+    buffered_random_bandwidth,
     evict,
     format_table,
     fresh_buffer,

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_windows.py"
 
 
@@ -24,3 +26,12 @@ def test_bench_windows_quick(tmp_path):
     # The numpy iterator ran warm and cold for both source dtypes, beside the numpy baselines.
     for dtype in ("float32", "float64"):
         assert {("e", dtype, "warm"), ("e", dtype, "cold"), ("d", dtype, "warm"), ("m", dtype, "cold")} <= names
+    # Cold rows that read through the page cache are set beside the page cache's own random-read limit too;
+    # "direct" (O_DIRECT) and the warm rows are not.
+    for r in result["results"]:
+        through_cache = r["cache"] == "cold" and "direct" not in r["name"]
+        assert (r["page_cache_limit"] is not None) == through_cache, r
+        if through_cache:
+            assert r["page_cache_limit"].startswith("buffered rand read qd")
+            assert r["vs_page_cache_limit"] == pytest.approx(r["best"] / r["page_cache_limit_samples_per_s"])
+    assert any(t["target"].startswith("(e) mmap cold vs buffered rand read") for t in result["targets"])

@@ -1,5 +1,6 @@
 """The physical limits of this machine, measured without compiled code: memory copy, the disk's O_DIRECT
-sequential and random reads; and the page-cache eviction they rely on (``posix_fadvise(DONTNEED)``).
+sequential and random reads, the same random reads through the page cache; and the page-cache eviction they rely
+on (``posix_fadvise(DONTNEED)``).
 
 `npyfeed bench` (`npyfeed.bench`) and the repository's benchmarks (``bench/common.py`` re-exports these) measure
 the limits beside their contenders in the same run. Units: GB = 1e9 bytes; bandwidths are bytes per second.
@@ -167,6 +168,21 @@ def odirect_random_bandwidth(paths: Sequence[str], threads: int, block: int = 10
 
     The disk's limit for a loader that reads windows instead of whole files. None if O_DIRECT is refused.
     """
+    return _random_read_bandwidth(paths, threads, block, reads, seed, os.O_DIRECT)
+
+
+def buffered_random_bandwidth(paths: Sequence[str], threads: int, block: int = 100 * 1024, reads: int = 2000,
+                              seed: int = 0) -> RandomReadResult:
+    """The reads of `odirect_random_bandwidth` (same offsets for the same seed) through the page cache, every file
+    evicted first: the limit for a loader whose cold reads go through the page cache (npyfeed's "mmap" and
+    "read" modes, ``np.load``), which pays the cache's page allocation and insertion and, here, a copy out."""
+    result = _random_read_bandwidth(paths, threads, block, reads, seed, 0)
+    assert result is not None  # only O_DIRECT can be refused
+    return result
+
+
+def _random_read_bandwidth(paths: Sequence[str], threads: int, block: int, reads: int, seed: int,
+                           flags: int) -> RandomReadResult | None:
     block = _round_up(block, DIRECT_ALIGN)
     sizes = np.array([os.path.getsize(p) for p in paths])
     usable = sizes // DIRECT_ALIGN * DIRECT_ALIGN - block
@@ -179,7 +195,7 @@ def odirect_random_bandwidth(paths: Sequence[str], threads: int, block: int = 10
     fds: list = []
     bufs = [_aligned_buffer(block) for _ in range(threads)]
     try:
-        fds = [os.open(p, os.O_RDONLY | os.O_DIRECT) for p in paths]
+        fds = [os.open(p, os.O_RDONLY | flags) for p in paths]
         evict(paths)
 
         def work(t: int) -> None:
@@ -189,7 +205,7 @@ def odirect_random_bandwidth(paths: Sequence[str], threads: int, block: int = 10
 
         elapsed = _run_threads(threads, work)
     except OSError as e:
-        if e.errno == 22:
+        if e.errno == 22 and flags:
             return None
         raise
     finally:
