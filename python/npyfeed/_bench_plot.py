@@ -34,11 +34,11 @@ def plot(report, path: str) -> None:
         ax.set_yticklabels(labels)
         ax.set_xscale("log")
         ax.set_xlabel("samples/s (log scale)")
-        limits = [("copy", "warm"), ("disk_random", "cold"), ("disk_seq", "cold")]
+        limits = [("copy", "warm"), ("disk_random", "cold"), ("disk_random_cached", "cold"), ("disk_seq", "cold")]
         for key, cache in limits:
             lim = report.limits.get(key)
             if lim is not None and lim.samples_per_s:
-                style = ":" if key == "disk_seq" else "--"
+                style = {"disk_seq": ":", "disk_random_cached": "-."}.get(key, "--")
                 ax.axvline(lim.samples_per_s, color=COLOURS[cache], linestyle=style, linewidth=1,
                            label=f"{lim.name} ({cache} limit)")
         if ax.get_legend_handles_labels()[0]:

@@ -170,7 +170,8 @@ class BenchReport:
     limits : dict of str -> Limit
         ``"copy_1"`` and ``"copy"`` (memory copy with 1 and with the run's threads), ``"copy_node"`` (every CPU
         of the node), ``"disk_seq"`` and ``"disk_random"`` (O_DIRECT reads of the sampled files; absent without
-        cold measurements or where O_DIRECT is refused).
+        cold measurements or where O_DIRECT is refused), ``"disk_random_cached"`` (the random reads through the
+        page cache, the limit of the cold ``"mmap"`` and ``"read"`` rows; absent without cold measurements).
     data : dict
         The data set (keys, samples, bytes, shapes), what was sampled, and the run's window, batch size and threads.
     machine : dict
