@@ -432,3 +432,15 @@ def test_the_module_imports_neither_tensorflow_nor_matplotlib():
             "print(sorted(m for m in ('tensorflow', 'matplotlib', 'tqdm') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_no_page_cache_limit_where_the_files_cannot_be_dropped(shm_path):
+    # On tmpfs the files stay in memory whatever posix_fadvise says: reads "through the page cache" there measure
+    # memory, not a disk, so the run gives no such limit (and skips the cold rows that would read through it).
+    index, factor_dir, label_dir = make_data(shm_path)
+    if drop_works(data_files(factor_dir, label_dir)):
+        pytest.skip("this tmpfs dropped its pages")
+    rep = bench.run(index, factor_dir, label_dir, window=W, batch_size=B, seconds=0.1, tf=False, progress=False)
+    assert "disk_random_cached" not in rep.limits
+    rows = {(r.name, r.cache): r for r in rep.rows}
+    assert rows[(bench.ITERATOR, "cold")].skipped and rows[('npyfeed mode="read"', "cold")].skipped

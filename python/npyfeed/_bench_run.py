@@ -192,6 +192,8 @@ class Bench:
             self.limits.pop("disk_seq")
         if rand is None:
             self.limits.pop("disk_random")
+        if self._drop() > MAX_COLD_RESIDENCY:  # the files stay cached (tmpfs, mapped elsewhere): no disk behind it
+            self.limits.pop("disk_random_cached")
         budget = int(min(DEFAULT_MEMORY_BUDGET, max(self.data["sampled_bytes"] // 4, 16 << 20)))
         # A cold row reads at most half the sampled windows' bytes, so that it does not find its own reads cached.
         most = max(2 * self.batch_size, int(sum(os.path.getsize(p) for p in factor_files) / (2 * block)))
