@@ -1180,20 +1180,14 @@ def main(argv=None) -> int:
             lim_rows.append([f"memory copy x{args.threads} ({name[5:]} rounds)", common.fmt(g, ".2f"),
                              "-" if g is None else f"{g * common.GB / out_sample_bytes:,.0f}",
                              f"{out_sample_bytes} B x out"])
-    for name, values in limits.items():
-        if name.startswith("random_"):
-            dtype, qd = name[len("random_"):].split("_qd")
-            g = best(values)
-            rate = None if g is None else g * common.GB / window_bytes[dtype]
-            lim_rows.append([f"O_DIRECT random read qd{qd} ({dtype})", common.fmt(g, ".2f"),
-                             "-" if rate is None else f"{rate:,.0f}", f"{window_bytes[dtype]} B windows"])
-    for name, values in limits.items():
-        if name.startswith("buffered_"):
-            dtype, qd = name[len("buffered_"):].split("_qd")
-            g = best(values)
-            rate = None if g is None else g * common.GB / window_bytes[dtype]
-            lim_rows.append([f"buffered random read qd{qd} ({dtype})", common.fmt(g, ".2f"),
-                             "-" if rate is None else f"{rate:,.0f}", f"{window_bytes[dtype]} B windows"])
+    for prefix, label in (("random_", "O_DIRECT random read"), ("buffered_", "buffered random read")):
+        for name, values in limits.items():
+            if name.startswith(prefix):
+                dtype, qd = name[len(prefix):].split("_qd")
+                g = best(values)
+                rate = None if g is None else g * common.GB / window_bytes[dtype]
+                lim_rows.append([f"{label} qd{qd} ({dtype})", common.fmt(g, ".2f"),
+                                 "-" if rate is None else f"{rate:,.0f}", f"{window_bytes[dtype]} B windows"])
     print(common.format_table(("limit", "GB/s", "samples/s", "per sample"), lim_rows, align="lrrl"))
     if tf_floor:
         print()
@@ -1226,7 +1220,9 @@ def main(argv=None) -> int:
           "batch (pipeline start-up, once per epoch; cold: the open included); x (a) / x (e) = against (a) and (e) "
           "npyfeed mmap, same source dtype and cache; x (b) = against (b) warm, the users' common path; cpu us/smp = CPU time of this process (all threads: npyfeed's, TensorFlow's) per sample in "
           "the best round; x limit = against the limit named (warm: memory copy of the float32 x output; cold: "
-          "O_DIRECT random reads of source windows, the best of the queue depths probed). Cold = all data files evicted before each measurement (max "
+          "O_DIRECT random reads of source windows, the best of the queue depths probed); x page-cache limit = "
+          "against the same reads through the page cache, for the cold rows that read through it (all but "
+          "direct). Cold = all data files evicted before each measurement (max "
           f"page-cache residency after eviction: {residency:.1%}). setup = per-measurement open (median; "
           "outside the time in warm rows, inside it in cold rows), "
           "or the one-off preload the contender needs.")
