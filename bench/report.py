@@ -64,7 +64,8 @@ def _page_cache_clause(cold: list) -> str:
     if not cached:
         return ""
     lo, hi = min(r["vs_page_cache_limit"] for r in cached), max(r["vs_page_cache_limit"] for r in cached)
-    return f" (`\"mmap\"` and `\"read\"`, which read through the page cache: {lo:.2f}-{hi:.2f}x the page cache's own limit)"
+    return (f" (`\"mmap\"` and `\"read\"`, which read through the page cache: {lo:.2f}-{hi:.2f}x the page "
+            "cache's own limit)")
 
 
 def render_windows(result: dict) -> list:
