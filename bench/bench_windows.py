@@ -968,7 +968,7 @@ def run_dtype(args, dtype, tf, limits, log) -> tuple:
                     limits.setdefault(f"random_{dtype}_qd{depth}", []).append(None if rr is None else rr.gbps)
                     rb = common.buffered_random_bandwidth(data.ds.factor_paths, depth, block=window_bytes,
                                                           reads=args.random_reads, seed=rnd)
-                    limits.setdefault(f"buffered_{dtype}_qd{depth}", []).append(rb.gbps)
+                    limits.setdefault(f"buffered_{dtype}_qd{depth}", []).append(None if rb is None else rb.gbps)
             shift = rnd % len(active)
             for c in active[shift:] + active[:shift]:
                 r = res[c]

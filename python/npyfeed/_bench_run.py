@@ -183,17 +183,18 @@ class Bench:
                     f"one window per read, best of 4 and 16 in flight per thread ({rand.threads})" if rand else
                     "O_DIRECT refused by this filesystem")
         # The same reads through the page cache: the limit of the modes that read through it ("mmap", "read").
-        cached = max((_measure.buffered_random_bandwidth(factor_files, depth * self.threads, block=block, reads=1000,
-                                                         seed=self.seed) for depth in (4, 16)), key=lambda p: p.gbps)
-        self._limit("disk_random_cached", f"disk random read, {_bytes(block)} (page cache)", cached.gbps, block,
-                    f"the same reads without O_DIRECT, best of 4 and 16 in flight per thread ({cached.threads}): "
-                    'the limit of mode="mmap" and "read", whose cold reads go through the page cache')
+        probes = [_measure.buffered_random_bandwidth(factor_files, depth * self.threads, block=block, reads=1000,
+                                                     seed=self.seed) for depth in (4, 16)]
+        cached = max((p for p in probes if p is not None), key=lambda p: p.gbps, default=None)
+        # Where the files stay cached (tmpfs, mapped elsewhere), those reads measured memory, not a disk.
+        if cached is not None and self._drop() <= MAX_COLD_RESIDENCY:
+            self._limit("disk_random_cached", f"disk random read, {_bytes(block)} (page cache)", cached.gbps, block,
+                        f"the same reads without O_DIRECT, best of 4 and 16 in flight per thread ({cached.threads}): "
+                        'the limit of mode="mmap" and "read", whose cold reads go through the page cache')
         if seq is None:
             self.limits.pop("disk_seq")
         if rand is None:
             self.limits.pop("disk_random")
-        if self._drop() > MAX_COLD_RESIDENCY:  # the files stay cached (tmpfs, mapped elsewhere): no disk behind it
-            self.limits.pop("disk_random_cached")
         budget = int(min(DEFAULT_MEMORY_BUDGET, max(self.data["sampled_bytes"] // 4, 16 << 20)))
         # A cold row reads at most half the sampled windows' bytes, so that it does not find its own reads cached.
         most = max(2 * self.batch_size, int(sum(os.path.getsize(p) for p in factor_files) / (2 * block)))

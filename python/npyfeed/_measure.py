@@ -172,17 +172,18 @@ def odirect_random_bandwidth(paths: Sequence[str], threads: int, block: int = 10
 
 
 def buffered_random_bandwidth(paths: Sequence[str], threads: int, block: int = 100 * 1024, reads: int = 2000,
-                              seed: int = 0) -> RandomReadResult:
+                              seed: int = 0) -> RandomReadResult | None:
     """The reads of `odirect_random_bandwidth` (same offsets for the same seed) through the page cache, every file
     evicted first: the limit for a loader whose cold reads go through the page cache (npyfeed's "mmap" and
-    "read" modes, ``np.load``), which pays the cache's page allocation and insertion and, here, a copy out."""
-    result = _random_read_bandwidth(paths, threads, block, reads, seed, 0)
-    assert result is not None  # only O_DIRECT can be refused
-    return result
+    "read" modes, ``np.load``), which pays the cache's page allocation and insertion and, here, a copy out.
+    None if no file holds a block."""
+    return _random_read_bandwidth(paths, threads, block, reads, seed, 0)
 
 
 def _random_read_bandwidth(paths: Sequence[str], threads: int, block: int, reads: int, seed: int,
                            flags: int) -> RandomReadResult | None:
+    """`reads` reads of `block` bytes (rounded up to 4 KiB) at seeded random aligned offsets of random files, opened
+    with `flags` added; None if no file holds a block, or if the flags are refused (EINVAL: O_DIRECT)."""
     block = _round_up(block, DIRECT_ALIGN)
     sizes = np.array([os.path.getsize(p) for p in paths])
     usable = sizes // DIRECT_ALIGN * DIRECT_ALIGN - block
