@@ -444,3 +444,19 @@ def test_no_page_cache_limit_where_the_files_cannot_be_dropped(shm_path):
     assert "disk_random_cached" not in rep.limits
     rows = {(r.name, r.cache): r for r in rep.rows}
     assert rows[(bench.ITERATOR, "cold")].skipped and rows[('npyfeed mode="read"', "cold")].skipped
+
+
+
+def test_the_random_read_probes_report_files_smaller_than_a_block_as_nothing_to_measure(tmp_path):
+    # A file shorter than one block has no offset to read at: both probes say None (not an error), and read
+    # the files that do hold a block.
+    paths = []
+    for name, array in (("big", np.arange(64 * 1024, dtype=np.float32)), ("tiny", np.zeros(10, np.float32))):
+        np.save(tmp_path / f"{name}.npy", array)
+        paths.append(str(tmp_path / f"{name}.npy"))
+    buffered = _measure.buffered_random_bandwidth(paths, 2, block=8192, reads=64, seed=5)
+    assert (buffered.reads, buffered.block) == (64, 8192) and buffered.gbps > 0
+    direct = _measure.odirect_random_bandwidth(paths, 2, block=8192, reads=64, seed=5)
+    assert direct is None or (direct.reads, direct.block) == (64, 8192)  # None: O_DIRECT refused here
+    assert _measure.buffered_random_bandwidth(paths[1:], 2) is None
+    assert _measure.odirect_random_bandwidth(paths[1:], 2) is None
