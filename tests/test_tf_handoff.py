@@ -7,6 +7,9 @@ to the numpy iterator's, eagerly, in a tf.function, across repeat() and a checkp
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 
 import npyfeed
 import numpy as np
@@ -137,21 +140,122 @@ def test_eager_iterators_are_npyfeeds_and_read_the_numpy_batches(tf, src):
     _assert_batches(list(ds), _expected(src, [2]))  # the next pass continues after the epochs repeat() read
 
 
-def test_a_tf_function_reads_the_numpy_batches(tf, src):
+def _get_next_ops(function) -> list:
+    """The ops a traced function (and the loops in it) gets an iterator's elements with."""
+    graph = function.graph.as_graph_def()
+    nodes = list(graph.node) + [node for f in graph.library.function for node in f.node_def]
+    return sorted({node.op for node in nodes if node.op.startswith("IteratorGetNext")})
+
+
+@pytest.mark.parametrize("iterator_is", ["an argument", "captured"])
+def test_a_tf_function_takes_the_batch_in_its_own_thread_and_reads_the_numpy_batches(tf, src, iterator_is):
+    # IteratorGetNextSync: the step's own thread takes the batch (IteratorGetNext hands each call to the iterator's
+    # background thread and back). A tf.function rebuilds an iterator passed to it from its type: npyfeed's, or
+    # the step would be TensorFlow's again.
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3, drop_remainder=True)
     steps = len(ds)
+    it = iter(ds)
 
     @tf.function
     def read(iterator):
+        iterator = iterator if iterator_is == "an argument" else it
         xs = tf.TensorArray(tf.float32, size=steps)
         for i in tf.range(steps):
             x, _ = next(iterator)
             xs = xs.write(i, x)
         return xs.stack()
 
-    got = read(iter(ds)).numpy()
+    assert _get_next_ops(read.get_concrete_function(it)) == ["IteratorGetNextSync"]
+    got = read(it).numpy()
     want = [x for x, _ in _expected(src, [0]) if len(x) == BATCH]
     np.testing.assert_array_equal(got, np.stack(want))
+
+
+_ONE_THREAD_STEPS = """
+import numpy as np
+import tensorflow as tf
+
+tf.config.threading.set_inter_op_parallelism_threads(1)
+tf.config.threading.set_intra_op_parallelism_threads(1)
+import npyfeed
+import npyfeed.tf
+
+rng = np.random.default_rng(5)
+factors = {k: rng.standard_normal((60, 3)).astype(np.float32) for k in "abc"}
+labels = {k: rng.standard_normal((60, 2)).astype(np.float32) for k in "abc"}
+index = [(int(f), int(f), k) for k in "abc" for f in rng.integers(3, 60, 20)]
+src = npyfeed.WindowSource.from_arrays(index, factors, labels, 4)
+step = tf.function(lambda iterator: next(iterator))
+it = iter(npyfeed.tf.dataset(src, 8, shuffle=True, seed=3).repeat(2))
+want = [x for e in (0, 1) for x, _ in src.batches(8, shuffle=True, seed=3, epoch=e)]
+got = [step(it)[0].numpy() for _ in want]
+assert all(np.array_equal(a, b) for a, b in zip(got, want))
+print("read", len(got))
+"""
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "fallback"])
+def test_graph_steps_on_a_pool_of_one_thread_read_every_batch(tf, native):
+    # The step's thread blocks in IteratorGetNextSync while the pipeline makes the batch: with TensorFlow's pools
+    # at one thread each, across an epoch boundary (the next epoch's functions run), it must not wait on itself.
+    env = {**os.environ, "NPYFEED_TF_OPS": "1" if native else "0", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    run = subprocess.run([sys.executable, "-c", _ONE_THREAD_STEPS], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[-2:] == ["read", "16"], run.stdout
+
+
+def test_a_signature_of_tensorflows_iterator_type_takes_npyfeeds(tf, src):
+    # A step declared over tf.data.IteratorSpec accepts npyfeed's iterator (and gets TensorFlow's in it).
+    ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3)
+
+    @tf.function(input_signature=[tf.data.IteratorSpec(ds.element_spec)])
+    def step(iterator):
+        return next(iterator)
+
+    assert _get_next_ops(step.get_concrete_function()) == ["IteratorGetNext"]
+    it = iter(ds)
+    _assert_batches([step(it) for _ in range(len(ds))], _expected(src, [0]))
+    with pytest.raises(tf.errors.OutOfRangeError):
+        step(it)
+
+
+def test_a_tf_function_step_ends_the_epoch_and_checkpoints_as_tensorflows(tf, src, tmp_path):
+    # The end of the data is TensorFlow's OutOfRangeError, and an iterator advanced by a tf.function saves and
+    # restores its position.
+    want = _expected(src, [0, 1])
+    ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3)
+    step = tf.function(lambda iterator: next(iterator))
+    it = iter(ds)
+    first = [step(it) for _ in range(len(ds))]
+    with pytest.raises(tf.errors.OutOfRangeError):
+        step(it)
+    _assert_batches(first, want[:len(ds)])
+    repeated = iter(npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3).repeat(2))
+    head = [step(repeated) for _ in range(len(ds) + 2)]  # into the second epoch
+    path = tf.train.Checkpoint(iterator=repeated).write(str(tmp_path / "it"))
+    restored = iter(npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3).repeat(2))
+    tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
+    _assert_batches(head + [step(restored) for _ in range(len(want) - len(head))], want)
+
+
+def test_a_file_truncated_under_a_tf_function_step_fails_naming_it(tf, tmp_path):
+    for d in ("factor", "label"):
+        (tmp_path / d).mkdir()
+    for k in range(3):
+        np.save(tmp_path / "factor" / f"k{k}.npy", np.ones((1000, 8), np.float32))
+        np.save(tmp_path / "label" / f"k{k}.npy", np.ones((1000, 1), np.float32))
+    (tmp_path / "index.txt").write_text("".join(f"{r},{r},k{k}\n" for k in range(3) for r in range(10, 1000, 10)))
+    files = npyfeed.WindowSource(tmp_path / "index.txt", tmp_path / "factor", tmp_path / "label", 4, mode="read")
+    os.truncate(tmp_path / "factor" / "k2.npy", 2000)
+    step = tf.function(lambda iterator: next(iterator)[0])
+    it = iter(npyfeed.tf.dataset(files, 16))
+    got = 0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="k2.npy"):
+        for _ in range(100):
+            step(it)
+            got += 1
+    assert got >= 10  # keys k0 and k1 read (198 samples), in order
 
 
 def test_a_restored_eager_iterator_continues(tf, src, tmp_path):

@@ -14,8 +14,8 @@ no ``prefetch`` of TensorFlow's and its map runs in the calling thread (`_map_in
 parallel map of one call and a ``prefetch``): a step's ``next()`` takes a ready batch with no other thread woken
 (a ``prefetch`` and a parallel map each cost a thread hop per batch, and TensorFlow's idle inter-op workers spin;
 measured, 0.7-1 ms of CPU per batch on other threads, most of what an eager loop lost against the numpy
-iterator). In an eager loop, the dataset's iterator also skips TensorFlow's per-step executor switch
-(`HostIterator`). A request for exactly the next batch is served from the stream; any other position (a restored
+iterator). The dataset's iterator (`HostIterator`) also skips TensorFlow's per-step executor switch in an eager
+loop, and in a graph takes the batch in the step's own thread (no hop to the iterator's background thread). A request for exactly the next batch is served from the stream; any other position (a restored
 checkpoint, a new epoch, a jump) starts a new stream there, so every batch is still a function of its position
 alone (and calls from several TensorFlow threads would be correct, only slower). Its iterator is checkpointable
 (``tf.train.Checkpoint``): with symbolic checkpointing (``tf.data.Options.experimental_symbolic_checkpoint``) the
@@ -44,7 +44,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops, iterator_ops, map_op
 from tensorflow.python.eager import context
-from tensorflow.python.framework import ops
+from tensorflow.python.framework import ops, type_spec_registry
 from tensorflow.python.ops import gen_dataset_ops
 
 from . import _checks, _core, _tf_feed
@@ -336,18 +336,55 @@ class HostDataset(dataset_ops.UnaryUnchangedStructureDataset):
 
 
 class HostIterator(iterator_ops.OwnedIterator):
-    """TensorFlow's iterator, with a shorter eager step: an eager ``next()`` of ``OwnedIterator`` switches to a new
-    synchronous executor and back, and repacks the element through ``tf.nest``, per batch (measured: a quarter of
-    an eager loop's Python time per step). Where the thread's executor is already synchronous (TensorFlow's
-    default), this reads ``(x, y)`` straight from the iterator op; otherwise, and in graphs, TensorFlow's own
-    ``next()``. Saved, restored and traced as an ``OwnedIterator``."""
+    """TensorFlow's iterator, with a shorter step.
+
+    Eager: ``OwnedIterator``'s ``next()`` switches to a new synchronous executor and back, and repacks the element
+    through ``tf.nest``, per batch (measured: a quarter of an eager loop's Python time per step). Where the
+    thread's executor is already synchronous (TensorFlow's default), this reads ``(x, y)`` straight from the
+    iterator op; otherwise TensorFlow's own ``next()``.
+
+    In a graph (a ``tf.function``, Keras' train step): ``IteratorGetNextSync``, which takes the batch in the thread
+    running the step, instead of ``IteratorGetNext``, which hands each call to the iterator's background thread
+    and wakes the step's thread when it is done (two thread hops per batch). A pipeline's own ops need no thread
+    of TensorFlow's pool (its map runs in the caller), so blocking the step's thread cannot starve them. The
+    iterator keeps this class when passed to a ``tf.function`` (`HostIteratorSpec`). Saved, restored and
+    checkpointed as an ``OwnedIterator``."""
 
     def _next_internal(self):
-        if not tf.executing_eagerly() or context.context().executor.is_async():
+        if not tf.executing_eagerly():
+            x, y = gen_dataset_ops.iterator_get_next_sync(self._iterator_resource,
+                                                          output_types=self._flat_output_types,
+                                                          output_shapes=self._flat_output_shapes)
+            return x, y
+        if context.context().executor.is_async():
             return super()._next_internal()
         x, y = gen_dataset_ops.iterator_get_next(self._iterator_resource, output_types=self._flat_output_types,
                                                  output_shapes=self._flat_output_shapes)
         return x, y
+
+    @property
+    def _type_spec(self):
+        return HostIteratorSpec(self.element_spec)
+
+
+@type_spec_registry.register("npyfeed.HostIteratorSpec")
+class HostIteratorSpec(iterator_ops.IteratorSpec):
+    """The type of a `HostIterator`: a ``tf.function`` it is passed to rebuilds it as one (not as an
+    ``OwnedIterator``). A signature's ``tf.data.IteratorSpec`` still takes it (TensorFlow's iterator, in that
+    function)."""
+
+    __slots__ = []
+
+    @property
+    def value_type(self):
+        return HostIterator
+
+    def _from_components(self, components):
+        return HostIterator(dataset=None, components=components, element_spec=self._element_spec)
+
+    @staticmethod
+    def from_value(value):
+        return HostIteratorSpec(value.element_spec)
 
 
 def _map_in_caller(ds, fn):
