@@ -216,6 +216,37 @@ def test_float_conversions_keep_every_bit_as_numpy(tmp_path, source, streaming, 
         assert differ.size == 0, f"{mode}: {differ.size} elements differ, the first at {differ[0]}"
 
 
+@pytest.mark.parametrize("streaming", ["1", "0"])
+@pytest.mark.parametrize("source", ["|b1", "|i1", "|u1", "<i2", ">i2", "<u2", ">u2", "<i4", ">i4", "<u4", ">u4",
+                                    "<i8", ">u8"])
+def test_integer_conversions_keep_every_bit_as_numpy(tmp_path, source, streaming, monkeypatch):
+    """Bools (any byte but 0 is True) and integers (every 8- and 16-bit value, any 32- and 64-bit bits: float32
+    rounds those) to float32 by the vector loops (the 8- to 32-bit ones), written past the caches or not:
+    numpy's `astype`, bit for bit."""
+    monkeypatch.setenv("NPYFEED_STREAMING", streaming)
+    dtype = np.dtype(source)
+    rows, cols, window = 256, 264, 9
+    native = np.dtype(f"u{dtype.itemsize}")
+    if dtype.itemsize <= 2:
+        bits = (np.arange(rows * cols) % (1 << 8 * dtype.itemsize)).astype(native)
+    else:
+        bits = np.random.default_rng(7).integers(0, np.iinfo(native).max, rows * cols, dtype=native, endpoint=True)
+    if dtype.kind == "b":
+        bits = np.where(bits % 3 == 0, 0, bits)  # zeros among the bytes
+    values = bits.view(dtype.newbyteorder("="))
+    factor = values.reshape(rows, cols).astype(dtype)  # in the file's byte order, the same values
+    label = np.zeros((rows, 1), dtype)
+    entries = [(f, f, "k") for f in range(window - 1, rows)]
+    ds = write_dataset(tmp_path, {"k": factor}, {"k": label}, entries, window)
+    want = np.stack([np.load(ds.factor_dir / "k.npy")[f - window + 1:f + 1] for f, _, _ in entries])
+    want = want.astype(np.float32)
+    for mode in ("mmap", "read"):
+        x, _ = open_source(ds, mode).get(np.arange(len(entries)))
+        assert x.dtype == np.float32 and x.shape == want.shape
+        differ = np.flatnonzero(x.view(np.uint32) != want.view(np.uint32))
+        assert differ.size == 0, f"{mode}: {differ.size} elements differ, the first at {differ[0]}"
+
+
 def test_streamed_paths_without_avx512_equal_numpy(tmp_path):
     """NPYFEED_AVX512=0, read once when a process starts, keeps the streamed copies and options to SSE2 and AVX2:
     the path of CPUs without AVX-512. The streamed tests again in such a process, whatever this CPU has."""

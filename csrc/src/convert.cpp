@@ -1,6 +1,7 @@
 #include "npyfeed/detail/convert.hpp"
 
 #include <cstring>
+#include <type_traits>
 
 #include "npyfeed/detail/stream_copy.hpp"
 
@@ -17,6 +18,15 @@ void double_rows(const std::byte* src, std::size_t n, float* dst, bool swapped) 
 }
 void swapped_float_rows(const std::byte* src, std::size_t n, float* dst) {
   for (std::size_t i = 0; i < n; ++i) dst[i] = load_element<float>(src + 4 * i, true);
+}
+// Integers (T) and bools (T = bool: any byte but 0 is 1, as numpy's).
+template <class T>
+void integer_rows(const std::byte* src, std::size_t n, float* dst, bool swapped) {
+  if constexpr (std::is_same_v<T, bool>) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = src[i] != std::byte{0} ? 1.0f : 0.0f;
+  } else {
+    convert_loop<T>(src, n, dst, swapped);
+  }
 }
 
 #if NPYFEED_STREAMING_STORES
@@ -188,6 +198,110 @@ template <bool kStream>
   swapped_float_rows(src + 4 * i, n - i, dst + i);
 }
 
+// Integers and bools to float32: widened to 32-bit lanes, then converted (exact up to 16 bits; int32 and uint32
+// rounded to nearest, as the scalar conversion under the same MXCSR).
+template <class T>
+[[gnu::target("avx512f,avx512bw"), gnu::always_inline]] inline __m512 integers_avx512(const std::byte* p, bool swapped,
+                                                                                      __m512i swap) {
+  if constexpr (sizeof(T) == 1) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (std::is_same_v<T, bool>) {
+      const __mmask16 set = _mm512_test_epi32_mask(_mm512_cvtepu8_epi32(b), _mm512_set1_epi32(0xFF));
+      return _mm512_maskz_mov_ps(set, _mm512_set1_ps(1.0f));
+    } else if constexpr (std::is_signed_v<T>) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+    } else {
+      return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
+    }
+  } else if constexpr (sizeof(T) == 2) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    if (swapped) h = _mm256_shuffle_epi8(h, _mm512_castsi512_si256(swap));
+    return _mm512_cvtepi32_ps(std::is_signed_v<T> ? _mm512_cvtepi16_epi32(h) : _mm512_cvtepu16_epi32(h));
+  } else {
+    __m512i w = _mm512_loadu_si512(p);
+    if (swapped) w = _mm512_shuffle_epi8(w, swap);
+    return std::is_signed_v<T> ? _mm512_cvtepi32_ps(w) : _mm512_cvtepu32_ps(w);
+  }
+}
+
+template <class T, bool kStream>
+[[gnu::target("avx512f,avx512bw")]] void integer_avx512(const std::byte* src, std::size_t n, float* dst, bool swapped) {
+  const std::size_t head = kStream ? head_elems(dst, n, 64) : 0;
+  integer_rows<T>(src, head, dst, swapped);
+  const __m512i swap = _mm512_broadcast_i32x4(reversal(sizeof(T)));
+  std::size_t i = head;
+  for (; i + 16 <= n; i += 16) store<kStream>(dst + i, integers_avx512<T>(src + sizeof(T) * i, swapped, swap));
+  integer_rows<T>(src + sizeof(T) * i, n - i, dst + i, swapped);
+}
+
+// The same with 8 lanes; no uint32 (AVX2 has no unsigned conversion).
+template <class T>
+[[gnu::target("avx2"), gnu::always_inline]] inline __m256 integers_avx2(const std::byte* p, bool swapped,
+                                                                        __m128i swap) {
+  if constexpr (sizeof(T) == 1) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    if constexpr (std::is_same_v<T, bool>) {
+      const __m256i zero = _mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(b), _mm256_setzero_si256());
+      return _mm256_andnot_ps(_mm256_castsi256_ps(zero), _mm256_set1_ps(1.0f));
+    } else if constexpr (std::is_signed_v<T>) {
+      return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    } else {
+      return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+    }
+  } else if constexpr (sizeof(T) == 2) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if (swapped) h = _mm_shuffle_epi8(h, swap);
+    return _mm256_cvtepi32_ps(std::is_signed_v<T> ? _mm256_cvtepi16_epi32(h) : _mm256_cvtepu16_epi32(h));
+  } else {
+    static_assert(std::is_same_v<T, std::int32_t>);
+    __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    if (swapped) w = _mm256_shuffle_epi8(w, _mm256_broadcastsi128_si256(swap));
+    return _mm256_cvtepi32_ps(w);
+  }
+}
+
+template <class T, bool kStream>
+[[gnu::target("avx2")]] void integer_avx2(const std::byte* src, std::size_t n, float* dst, bool swapped) {
+  const std::size_t head = kStream ? head_elems(dst, n, 32) : 0;
+  integer_rows<T>(src, head, dst, swapped);
+  const __m128i swap = reversal(sizeof(T));
+  std::size_t i = head;
+  for (; i + 8 <= n; i += 8) store<kStream>(dst + i, integers_avx2<T>(src + sizeof(T) * i, swapped, swap));
+  integer_rows<T>(src + sizeof(T) * i, n - i, dst + i, swapped);
+}
+
+// The integer loop for `type` and the chosen ISA (streamed or not); nullptr where there is none.
+using IntegerLoop = void (*)(const std::byte*, std::size_t, float*, bool);
+
+template <class T>
+IntegerLoop integer_loop(bool wide, bool streamed) {
+  if (wide) return streamed ? integer_avx512<T, true> : integer_avx512<T, false>;
+  if constexpr (std::is_same_v<T, std::uint32_t>) {
+    return nullptr;
+  } else {
+    return streamed ? integer_avx2<T, true> : integer_avx2<T, false>;
+  }
+}
+
+IntegerLoop integer_loop(const ScalarType& type, bool wide, bool streamed) {
+  switch (type.kind) {
+    case 'b':
+      return type.size == 1 ? integer_loop<bool>(wide, streamed) : nullptr;
+    case 'i':
+      if (type.size == 1) return integer_loop<std::int8_t>(wide, streamed);
+      if (type.size == 2) return integer_loop<std::int16_t>(wide, streamed);
+      if (type.size == 4) return integer_loop<std::int32_t>(wide, streamed);
+      return nullptr;
+    case 'u':
+      if (type.size == 1) return integer_loop<std::uint8_t>(wide, streamed);
+      if (type.size == 2) return integer_loop<std::uint16_t>(wide, streamed);
+      if (type.size == 4) return integer_loop<std::uint32_t>(wide, streamed);
+      return nullptr;
+    default:
+      return nullptr;
+  }
+}
+
 enum class Isa { kBaseline, kAvx2, kAvx512 };
 
 Isa isa() {
@@ -205,8 +319,10 @@ Isa isa() {
 
 bool converts_to_float32_vectorised(const ScalarType& type) {
 #if NPYFEED_STREAMING_STORES
+  if (isa() == Isa::kBaseline) return false;
   // float32 stored as float32 wants is a copy (convert's memcpy, streaming_copy), not a conversion.
-  return type.kind == 'f' && (type.size != 4 || type.swapped) && isa() != Isa::kBaseline;
+  if (type.kind == 'f') return type.size != 4 || type.swapped;
+  return integer_loop(type, isa() == Isa::kAvx512, false) != nullptr;
 #else
   (void)type;
   return false;
@@ -217,7 +333,9 @@ void convert_to_float32(const std::byte* src, const ScalarType& type, std::size_
 #if NPYFEED_STREAMING_STORES
   if (converts_to_float32_vectorised(type)) {
     const bool wide = isa() == Isa::kAvx512;
-    if (type.size == 2) {
+    if (type.kind != 'f') {
+      integer_loop(type, wide, streamed)(src, n, dst, type.swapped);
+    } else if (type.size == 2) {
       if (wide) {
         (streamed ? half_avx512<true> : half_avx512<false>)(src, n, dst, type.swapped);
       } else {

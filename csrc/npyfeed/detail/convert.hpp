@@ -80,7 +80,8 @@ inline bool convertible(const ScalarType& type) {
 }
 
 /// Whether convert_to_float32 has a vector loop for `type` on this CPU: float16 and float64 (either byte order),
-/// float32 in the other byte order; with AVX2 and F16C, or AVX-512 (as use_avx512() says). In convert.cpp.
+/// float32 in the other byte order, bool, the 8-, 16- and 32-bit integers (either byte order; uint32 with
+/// AVX-512 only); with AVX2 and F16C, or AVX-512 (as use_avx512() says). In convert.cpp.
 bool converts_to_float32_vectorised(const ScalarType& type);
 
 /// convert<float>'s result, bit for bit (float16 NaNs keep their payload, as numpy's), by those vector loops where
@@ -94,6 +95,9 @@ void convert(const std::byte* src, const ScalarType& type, std::size_t n, Out* d
   if (type.kind == 'f' && type.size == sizeof(Out) && !type.swapped) {
     std::memcpy(dst, src, n * sizeof(Out));
     return;
+  }
+  if constexpr (std::is_same_v<Out, float>) {
+    if (converts_to_float32_vectorised(type)) return convert_to_float32(src, type, n, dst, false);
   }
   switch (type.kind) {
     case 'b':
@@ -124,9 +128,6 @@ void convert(const std::byte* src, const ScalarType& type, std::size_t n, Out* d
       }
       break;
     case 'f':
-      if constexpr (std::is_same_v<Out, float>) {
-        if (converts_to_float32_vectorised(type)) return convert_to_float32(src, type, n, dst, false);
-      }
       switch (type.size) {
         case 2:
           for (std::size_t i = 0; i < n; ++i)
