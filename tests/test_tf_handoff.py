@@ -220,6 +220,39 @@ def test_a_signature_of_tensorflows_iterator_type_takes_npyfeeds(tf, src):
         step(it)
 
 
+def test_to_tensorflow_the_iterator_is_of_its_own_iterator_type(tf, src, tmp_path):
+    # Only tf.function's tracing sees npyfeed's type: a SavedModel step over an iterator (its signature is
+    # TensorFlow's IteratorSpec) takes npyfeed's, and so do TensorFlow's compatibility checks.
+    ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3)
+    it = iter(ds)
+    assert type(tf.type_spec_from_value(it)) is tf.data.IteratorSpec
+    assert tf.data.IteratorSpec(ds.element_spec).is_compatible_with(it)
+
+    class Step(tf.Module):
+        @tf.function
+        def step(self, iterator):
+            return next(iterator)
+
+    module = Step()
+    first = module.step(it)
+    tf.saved_model.save(module, str(tmp_path / "step"))
+    loaded = tf.saved_model.load(str(tmp_path / "step"))
+    _assert_batches([first, loaded.step(it), loaded.step(iter(ds))], _expected(src, [0])[:2] + _expected(src, [1])[:1])
+
+
+def test_unrolled_next_calls_in_a_graph_without_autograph_fail_as_tensorflows(tf, src):
+    # A Python loop over the iterator in a tf.function without AutoGraph unrolls into the graph: TensorFlow's
+    # iterator refuses past 32 calls, with its message; npyfeed's too.
+    from tensorflow.python.data.ops import iterator_ops
+
+    @tf.function(autograph=False)
+    def unrolled(iterator):
+        return [next(iterator)[0] for _ in range(iterator_ops.GET_NEXT_CALL_ERROR_THRESHOLD + 1)]
+
+    with pytest.raises(ValueError, match="unusually high number"):
+        unrolled(iter(npyfeed.tf.dataset(src, BATCH)))
+
+
 def test_a_tf_function_step_ends_the_epoch_and_checkpoints_as_tensorflows(tf, src, tmp_path):
     # The end of the data is TensorFlow's OutOfRangeError, and an iterator advanced by a tf.function saves and
     # restores its position.

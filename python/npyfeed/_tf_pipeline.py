@@ -42,9 +42,11 @@ from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.autograph.core import ag_ctx as autograph_ctx
 from tensorflow.python.data.ops import dataset_ops, iterator_ops, map_op
+from tensorflow.python.data.util import structure
 from tensorflow.python.eager import context
-from tensorflow.python.framework import ops, type_spec_registry
+from tensorflow.python.framework import ops
 from tensorflow.python.ops import gen_dataset_ops
 
 from . import _checks, _core, _tf_feed
@@ -345,33 +347,37 @@ class HostIterator(iterator_ops.OwnedIterator):
 
     In a graph (a ``tf.function``, Keras' train step): ``IteratorGetNextSync``, which takes the batch in the thread
     running the step, instead of ``IteratorGetNext``, which hands each call to the iterator's background thread
-    and wakes the step's thread when it is done (two thread hops per batch). A pipeline's own ops need no thread
-    of TensorFlow's pool (its map runs in the caller), so blocking the step's thread cannot starve them. The
-    iterator keeps this class when passed to a ``tf.function`` (`HostIteratorSpec`). Saved, restored and
-    checkpointed as an ``OwnedIterator``."""
+    and wakes the step's thread when it is done (two thread hops per batch). The pipeline's map runs in the
+    thread that asks, so blocking it waits on nothing of TensorFlow's pool. A ``tf.function`` the iterator is
+    passed to traces it as a `HostIteratorSpec` (its tracing type only), so that it gets this iterator again.
+    Otherwise it is an ``OwnedIterator`` to TensorFlow: its type (``tf.data.IteratorSpec``, so SavedModel
+    signatures, ``is_compatible_with``, ``tf.nest``), checkpoints, and the guard against unrolled ``next()``
+    calls in a graph without AutoGraph."""
 
     def _next_internal(self):
         if not tf.executing_eagerly():
-            x, y = gen_dataset_ops.iterator_get_next_sync(self._iterator_resource,
-                                                          output_types=self._flat_output_types,
-                                                          output_shapes=self._flat_output_shapes)
-            return x, y
+            if autograph_ctx.control_status_ctx().status == autograph_ctx.Status.DISABLED:
+                self._get_next_call_count += 1  # as TensorFlow's: a Python loop unrolled into the graph
+                if self._get_next_call_count > iterator_ops.GET_NEXT_CALL_ERROR_THRESHOLD:
+                    raise ValueError(iterator_ops.GET_NEXT_CALL_ERROR_MESSAGE)
+            with ops.colocate_with(self._iterator_resource):
+                flat = gen_dataset_ops.iterator_get_next_sync(self._iterator_resource,
+                                                              output_types=self._flat_output_types,
+                                                              output_shapes=self._flat_output_shapes)
+            return structure.from_compatible_tensor_list(self._element_spec, flat)
         if context.context().executor.is_async():
             return super()._next_internal()
         x, y = gen_dataset_ops.iterator_get_next(self._iterator_resource, output_types=self._flat_output_types,
                                                  output_shapes=self._flat_output_shapes)
         return x, y
 
-    @property
-    def _type_spec(self):
-        return HostIteratorSpec(self.element_spec)
+    def __tf_tracing_type__(self, tracing_context):
+        return HostIteratorSpec(self.element_spec).__tf_tracing_type__(tracing_context)
 
 
-@type_spec_registry.register("npyfeed.HostIteratorSpec")
 class HostIteratorSpec(iterator_ops.IteratorSpec):
-    """The type of a `HostIterator`: a ``tf.function`` it is passed to rebuilds it as one (not as an
-    ``OwnedIterator``). A signature's ``tf.data.IteratorSpec`` still takes it (TensorFlow's iterator, in that
-    function)."""
+    """How a ``tf.function`` traces a `HostIterator`: its placeholder inside the function is a `HostIterator` (not
+    an ``OwnedIterator``). Only a tracing type: the iterator's own type stays TensorFlow's ``IteratorSpec``."""
 
     __slots__ = []
 
@@ -381,10 +387,6 @@ class HostIteratorSpec(iterator_ops.IteratorSpec):
 
     def _from_components(self, components):
         return HostIterator(dataset=None, components=components, element_spec=self._element_spec)
-
-    @staticmethod
-    def from_value(value):
-        return HostIteratorSpec(value.element_spec)
 
 
 def _map_in_caller(ds, fn):
