@@ -305,7 +305,8 @@ def test_an_error_in_a_gather_reaches_the_loop(tf, src, monkeypatch, numpy_funct
     assert len(got) == 2
 
 
-def test_a_file_truncated_under_the_pipeline_fails_naming_it(tf, tmp_path):
+@pytest.mark.parametrize("consumer", ["loop", "tf.function step"])
+def test_a_file_truncated_under_the_pipeline_fails_naming_it(tf, tmp_path, consumer):
     for d in ("factor", "label"):
         (tmp_path / d).mkdir()
     for k in range(3):
@@ -314,9 +315,14 @@ def test_a_file_truncated_under_the_pipeline_fails_naming_it(tf, tmp_path):
     (tmp_path / "index.txt").write_text("".join(f"{r},{r},k{k}\n" for k in range(3) for r in range(10, 1000, 10)))
     files = npyfeed.WindowSource(tmp_path / "index.txt", tmp_path / "factor", tmp_path / "label", 4, mode="read")
     os.truncate(tmp_path / "factor" / "k2.npy", 2000)
+    iterator = iter(npyfeed.tf.dataset(files, 16))
+    batches = iterator
+    if consumer == "tf.function step":  # in a graph (IteratorGetNextSync)
+        step = tf.function(lambda it: next(it)[0])
+        batches = (step(iterator) for _ in range(100))
     got = 0
     with pytest.raises(tf.errors.InvalidArgumentError, match="k2.npy"):
-        for _ in npyfeed.tf.dataset(files, 16):
+        for _ in batches:
             got += 1
     assert got >= 10  # keys k0 and k1 read (198 samples), in order
 

@@ -272,25 +272,6 @@ def test_a_tf_function_step_ends_the_epoch_and_checkpoints_as_tensorflows(tf, sr
     _assert_batches(head + [step(restored) for _ in range(len(want) - len(head))], want)
 
 
-def test_a_file_truncated_under_a_tf_function_step_fails_naming_it(tf, tmp_path):
-    for d in ("factor", "label"):
-        (tmp_path / d).mkdir()
-    for k in range(3):
-        np.save(tmp_path / "factor" / f"k{k}.npy", np.ones((1000, 8), np.float32))
-        np.save(tmp_path / "label" / f"k{k}.npy", np.ones((1000, 1), np.float32))
-    (tmp_path / "index.txt").write_text("".join(f"{r},{r},k{k}\n" for k in range(3) for r in range(10, 1000, 10)))
-    files = npyfeed.WindowSource(tmp_path / "index.txt", tmp_path / "factor", tmp_path / "label", 4, mode="read")
-    os.truncate(tmp_path / "factor" / "k2.npy", 2000)
-    step = tf.function(lambda iterator: next(iterator)[0])
-    it = iter(npyfeed.tf.dataset(files, 16))
-    got = 0
-    with pytest.raises(tf.errors.InvalidArgumentError, match="k2.npy"):
-        for _ in range(100):
-            step(it)
-            got += 1
-    assert got >= 10  # keys k0 and k1 read (198 samples), in order
-
-
 def test_a_restored_eager_iterator_continues(tf, src, tmp_path):
     want = _expected(src, [0, 1])
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3).repeat(2)
