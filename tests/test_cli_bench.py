@@ -446,7 +446,6 @@ def test_no_page_cache_limit_where_the_files_cannot_be_dropped(shm_path):
     assert rows[(bench.ITERATOR, "cold")].skipped and rows[('npyfeed mode="read"', "cold")].skipped
 
 
-
 def test_the_random_read_probes_report_files_smaller_than_a_block_as_nothing_to_measure(tmp_path):
     # A file shorter than one block has no offset to read at: both probes say None (not an error), and read
     # the files that do hold a block.

@@ -186,6 +186,16 @@ def test_batches_copied_with_streaming_stores_equal_numpy(past_the_caches, sourc
         check_epoch(src, ds, out, 64, shuffle=True, seed=3)
 
 
+def _assert_float32_bits(ds, want):
+    """Every sample of `ds` gathered to float32 ("mmap" and "read") has `want`'s bits (np.array_equal cannot see NaN
+    payloads; the bytes can)."""
+    for mode in ("mmap", "read"):
+        x, _ = open_source(ds, mode).get(np.arange(len(ds.entries)))
+        assert x.dtype == np.float32 and x.shape == want.shape
+        differ = np.flatnonzero(x.view(np.uint32) != want.view(np.uint32))
+        assert differ.size == 0, f"{mode}: {differ.size} elements differ, the first at {differ[0]}"
+
+
 @pytest.mark.parametrize("streaming", ["1", "0"])
 @pytest.mark.parametrize("source", ["<f2", ">f2", "<f8", ">f8", ">f4"])
 def test_float_conversions_keep_every_bit_as_numpy(tmp_path, source, streaming, monkeypatch):
@@ -209,11 +219,7 @@ def test_float_conversions_keep_every_bit_as_numpy(tmp_path, source, streaming, 
     ds = write_dataset(tmp_path, {"k": factor}, {"k": label}, entries, window)
     with np.errstate(invalid="ignore", over="ignore"):
         want = np.stack([factor[f - window + 1:f + 1] for f, _, _ in entries]).astype(np.float32)
-    for mode in ("mmap", "read"):
-        x, _ = open_source(ds, mode).get(np.arange(len(entries)))
-        assert x.dtype == np.float32 and x.shape == want.shape
-        differ = np.flatnonzero(x.view(np.uint32) != want.view(np.uint32))
-        assert differ.size == 0, f"{mode}: {differ.size} elements differ, the first at {differ[0]}"
+    _assert_float32_bits(ds, want)
 
 
 @pytest.mark.parametrize("streaming", ["1", "0"])
@@ -240,11 +246,7 @@ def test_integer_conversions_keep_every_bit_as_numpy(tmp_path, source, streaming
     ds = write_dataset(tmp_path, {"k": factor}, {"k": label}, entries, window)
     want = np.stack([np.load(ds.factor_dir / "k.npy")[f - window + 1:f + 1] for f, _, _ in entries])
     want = want.astype(np.float32)
-    for mode in ("mmap", "read"):
-        x, _ = open_source(ds, mode).get(np.arange(len(entries)))
-        assert x.dtype == np.float32 and x.shape == want.shape
-        differ = np.flatnonzero(x.view(np.uint32) != want.view(np.uint32))
-        assert differ.size == 0, f"{mode}: {differ.size} elements differ, the first at {differ[0]}"
+    _assert_float32_bits(ds, want)
 
 
 def test_streamed_paths_without_avx512_equal_numpy(tmp_path):

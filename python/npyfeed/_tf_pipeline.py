@@ -15,9 +15,9 @@ parallel map of one call and a ``prefetch``): a step's ``next()`` takes a ready 
 (a ``prefetch`` and a parallel map each cost a thread hop per batch, and TensorFlow's idle inter-op workers spin;
 measured, 0.7-1 ms of CPU per batch on other threads, most of what an eager loop lost against the numpy
 iterator). The dataset's iterator (`HostIterator`) also skips TensorFlow's per-step executor switch in an eager
-loop, and in a graph takes the batch in the step's own thread (no hop to the iterator's background thread). A request for exactly the next batch is served from the stream; any other position (a restored
-checkpoint, a new epoch, a jump) starts a new stream there, so every batch is still a function of its position
-alone (and calls from several TensorFlow threads would be correct, only slower). Its iterator is checkpointable
+loop, and in a graph takes the batch in the step's own thread (no hop to the iterator's background thread). A
+request for exactly the next batch is served from the stream; any other position (a restored checkpoint, a new
+epoch, a jump) starts a new stream there, so every batch is still a function of its position alone (and calls from several TensorFlow threads would be correct, only slower). Its iterator is checkpointable
 (``tf.train.Checkpoint``): with symbolic checkpointing (``tf.data.Options.experimental_symbolic_checkpoint``) the
 state is the positions (a few bytes), never batches, and a restored iterator gathers the same batches again.
 
