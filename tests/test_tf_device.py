@@ -358,18 +358,19 @@ def test_streamed_file_replaced_after_construction_names_it(tf, tmp_path):
     ds = _streamed(src, seed=2)
     assert ds._npyfeed_device.streams
     victim = tmp_path / "factor" / "k07.npy"
-    np.save(victim, np.zeros((STREAM_ROWS - 9, 3), "<f4"))  # replaced by an array of another shape
-    # Read as shuffle="blocks" reads a block: each file whole, checked against the array the source opened.
-    with pytest.raises(tf.errors.OpError, match=r"k07\.npy.*changed since the WindowSource opened it: shape "
-                                                r"\(60, 3\) '<f4' then, \(51, 3\) '<f4' now"):
-        _pass(ds)
+    it = iter(ds)
+    next(it)  # past the epoch's start: the change is found by the read of a block, as shuffle="blocks" reads it
+    np.save(victim, np.zeros((STREAM_ROWS - 9, 3), "<f4"))  # written over with an array of another shape
+    with pytest.raises(tf.errors.OpError, match=r"changed since it was opened \(truncated: .*k07\.npy"):
+        for _ in it:
+            pass
 
 
 @pytest.mark.parametrize("mode", ["mmap", "read", "direct"])
-def test_resident_upload_reads_the_files_the_source_opened(tf, tmp_path, mode):
-    """The upload reads through the source's own readers: a file replaced (renamed over) after the source opened
-    it, by an array of the same shape, is not uploaded in place of the one the host gather reads (the readers
-    hold the file they opened); device batches still equal the numpy iterator's."""
+def test_resident_upload_refuses_a_file_changed_since_the_source_opened_it(tf, tmp_path, mode):
+    """The upload reads through the source's own readers, after checking the files it opened: a file renamed
+    over after the source opened it, by an array of the same shape, is refused, naming it (as the host's next
+    epoch refuses it); never uploaded in place of the one the source opened."""
     from npyfeed._layout import index_text, write_index, write_key
 
     rng = np.random.default_rng(4)
@@ -383,10 +384,12 @@ def test_resident_upload_reads_the_files_the_source_opened(tf, tmp_path, mode):
         victim = tmp_path / kind / "k2.npy"
         np.save(tmp_path / "new.npy", np.full(np.load(victim).shape, 7, "<f4"))
         os.replace(tmp_path / "new.npy", victim)
-    ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=1, gather="device", device="/cpu:0")
-    got = _pass(ds)
-    _assert_same(got, list(src.batches(BATCH, shuffle=True, seed=1)))
-    assert not any((x == 7).any() or (y == 7).any() for x, y in got)
+    with pytest.raises(npyfeed.FileChangedError, match="replaced by another file") as info:
+        npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=1, gather="device", device="/cpu:0")
+    assert info.value.filename == str(tmp_path / "factor" / "k2.npy")
+    assert "2 files of this source changed in all" in str(info.value)
+    with pytest.raises(npyfeed.FileChangedError):
+        src.batches(BATCH, shuffle=True, seed=1)
 
 
 @pytest.mark.parametrize("compress", [False, True], ids=["stored", "deflated"])

@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cerrno>
+
 #include "bind.hpp"
 #include "convert.hpp"
 #include "npyfeed/errors.hpp"
@@ -16,6 +18,12 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "npyfeed's C++ core. Use the public names in `npyfeed`, not this module.";
 
   static auto& npy_format_error = *new py::exception<NpyFormatError>(m, "NpyFormatError", PyExc_ValueError);
+  // ESTALE from the core: a file changed since it was opened (file.hpp's check_same_file).
+  static auto& file_changed_error = *new py::exception<void>(m, "FileChangedError", PyExc_OSError);
+  file_changed_error.attr("__doc__") =
+      "A file changed since the source opened it (renamed over, written in place, truncated or grown): an OSError "
+      "with errno ESTALE whose filename is the file and whose message says what changed. Raised at the next "
+      "epoch's start, or by a read that opens the file again; a new WindowSource reads the new data.";
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -26,8 +34,9 @@ PYBIND11_MODULE(_core, m) {
       error.attr("reason") = os_text(e.reason());
       PyErr_SetObject(npy_format_error.ptr(), error.ptr());
     } catch (const OsError& e) {
+      PyObject* type = e.error_number() == ESTALE ? file_changed_error.ptr() : PyExc_OSError;
       py::object error = py::reinterpret_steal<py::object>(
-          PyObject_CallFunction(PyExc_OSError, "iOO", e.error_number(), os_text(e.strerror_text()).ptr(),
+          PyObject_CallFunction(type, "iOO", e.error_number(), os_text(e.strerror_text()).ptr(),
                                 e.path().empty() ? Py_None : os_text(e.path()).ptr()));
       if (error) {
         error.attr("offset") = e.offset() ? py::object(py::int_(*e.offset())) : py::object(py::none());

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "npyfeed/aligned_buffer.hpp"
@@ -65,10 +66,14 @@ class ArrayReader {
  public:
   /// Opens `path` and reads its header. Throws OsError (ENOENT, EACCES, ...), NpyFormatError.
   static std::shared_ptr<ArrayReader> open(const std::string& path, const ReaderOptions& options);
+  /// Opens `origin.path` again, checked to be the file first opened (File::reopen: OsError ESTALE naming what
+  /// changed, ENOENT for a file deleted since), then as open().
+  static std::shared_ptr<ArrayReader> reopen(const FileOrigin& origin, const ReaderOptions& options);
   /// An array in memory: `data` holds header.nbytes bytes and stays valid while this reader (or anyone
-  /// holding view_owner()) lives. `name` is used in messages.
+  /// holding view_owner()) lives. `name` is used in messages; `origin`, the file it was read from, if any.
   static std::shared_ptr<ArrayReader> in_memory(std::string name, NpyHeader header, std::shared_ptr<const void> owner,
-                                                const std::byte* data, bool writable);
+                                                const std::byte* data, bool writable,
+                                                std::optional<FileOrigin> origin = std::nullopt);
 
   virtual ~ArrayReader() = default;
   ArrayReader(const ArrayReader&) = delete;
@@ -76,6 +81,10 @@ class ArrayReader {
 
   const std::string& name() const noexcept { return name_; }
   const NpyHeader& header() const noexcept { return header_; }
+  /// The file this array's bytes come from (for a `.npz` member, the archive) as it was when opened; none for
+  /// arrays handed in. A source checks it at each epoch (check_unchanged), and every read that opens the file
+  /// again is checked against it (File::reopen).
+  const std::optional<FileOrigin>& origin() const noexcept { return origin_; }
 
   /// The data in memory (a mapping or a buffer), or null when reads go to the file.
   const std::byte* view() const noexcept { return view_; }
@@ -141,6 +150,7 @@ class ArrayReader {
   ArrayReader(std::string name, NpyHeader header) : name_(std::move(name)), header_(std::move(header)) {}
   std::string name_;
   NpyHeader header_;
+  std::optional<FileOrigin> origin_;
   const std::byte* view_ = nullptr;
   std::shared_ptr<const void> owner_;
   bool writable_ = false;

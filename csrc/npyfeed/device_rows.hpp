@@ -15,6 +15,7 @@
 // does, through float).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -120,6 +121,9 @@ class DeviceRows {
     std::vector<ShardBlock> blocks;
   };
   std::shared_ptr<const EpochGroups> groups_of(std::uint64_t epoch) const;
+  // The source's files checked unchanged (WindowSource::check_files_unchanged) at position 0 of an epoch, and at
+  // the first position asked of any other epoch (a resumed one).
+  void check_files_at_epoch_start(std::uint64_t epoch, std::size_t position) const;
 
   std::shared_ptr<EpochPlan> plan_;
   StorageType storage_;
@@ -129,6 +133,7 @@ class DeviceRows {
   std::uint64_t x_elems_, y_elems_;
   mutable std::mutex mutex_;  // the last epoch's groups
   mutable std::shared_ptr<const EpochGroups> last_epoch_;
+  mutable std::atomic<std::uint64_t> files_checked_for_{0};  // the epoch last checked, plus 1 (0: none)
 };
 
 }  // namespace npyfeed

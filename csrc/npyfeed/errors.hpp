@@ -43,8 +43,11 @@ class OsError : public Error {
   std::optional<std::uint64_t> offset() const noexcept { return offset_; }
   /// "cannot read at byte 4096: Input/output error": the message without the path (Python adds it).
   const std::string& strerror_text() const noexcept { return text_; }
+  /// The same error with `note` added to what failed.
+  OsError with_note(const std::string& note) const { return OsError(errno_, path_, operation_ + note, offset_); }
 
  private:
+  std::string operation_;
   int errno_;
   std::string path_;
   std::optional<std::uint64_t> offset_;

@@ -28,10 +28,11 @@ class MappingCache {
  public:
   /// Keeps at most `capacity` (at least 1) mappings.
   explicit MappingCache(std::size_t capacity);
-  /// The mapping of `path`, mapping it now if it is not kept (and checking it is still the file of
-  /// `identity`). Throws OsError (ESTALE for a replaced file, ENOMEM where the mapping is refused: then,
-  /// once per shortage, half of the mappings kept are let go and the capacity is halved, to at least 1).
-  std::shared_ptr<const MappedFile> acquire(const std::string& path, const FileIdentity& identity);
+  /// The mapping of `origin.path`, mapping it now if it is not kept (and checking it is still the file first
+  /// opened: File::reopen). Throws OsError (ESTALE for a changed file, ENOENT for a deleted one, ENOMEM where the
+  /// mapping is refused: then, once per shortage, half of the mappings kept are let go and the capacity is
+  /// halved, to at least 1).
+  std::shared_ptr<const MappedFile> acquire(const FileOrigin& origin);
   /// The most mappings kept: the constructor's, or less after a refused mapping.
   std::size_t capacity() const;
   /// Mappings kept now (those in use but evicted not counted).

@@ -63,7 +63,7 @@ class NpzArchive {
   [[noreturn]] void rethrow_for(const ZipMember& member, const NpyFormatError& e, bool offset_in_archive) const;
 
   std::string path_;
-  FileIdentity identity_;
+  FileOrigin origin_;
   std::uint64_t size_ = 0;
   std::vector<ZipMember> members_;
   mutable std::mutex mapping_mutex_;

@@ -132,6 +132,12 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   /// costs a search. One caller at a time per function.
   std::function<std::uint32_t(std::size_t)> sample_keys() const;
 
+  /// Checks that every file this source opened is still the file it opened (check_unchanged: a stat each, the
+  /// archive of a `.npz` member). What every consumer's epoch starts with (EpochPlan::stream, DeviceRows), so
+  /// that a file changed under a running job is refused at the next epoch on every path. Throws OsError: ESTALE
+  /// (npyfeed.FileChangedError) naming the first changed file, what changed and how many changed; ENOENT for
+  /// one deleted.
+  void check_files_unchanged() const;
   /// Throws IndexOutOfRange naming the first id outside [0, size()).
   void check_ids(const std::vector<std::int64_t>& sample_ids) const;
   /// Starts gathering `count` samples (ids into [0, size())) into x and y, which must hold

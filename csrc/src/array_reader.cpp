@@ -55,30 +55,24 @@ NpyFormatError ended_early(const std::string& path, std::uint64_t at, std::uint6
                             std::to_string(offset) + " (truncated, or shrunk while being read)");
 }
 
-[[noreturn]] void throw_replaced(const std::string& path) {
-  throw OsError(ESTALE, path, "file replaced since it was opened");
-}
-
-// Opens `path` with O_DIRECT, checking it is still the file of `identity`. Returns a closed File where the
-// filesystem refuses O_DIRECT (tmpfs, some FUSE): the caller reads buffered then.
-File open_direct(const std::string& path, const FileIdentity& identity) {
-  File file;
+// Opens the file of `origin` with O_DIRECT, checked to be the same file (File::reopen). Returns a closed File
+// where the filesystem refuses O_DIRECT (tmpfs, some FUSE): the caller reads buffered then.
+File open_direct(const FileOrigin& origin) {
   try {
-    file = File::open(path, /*direct=*/true);
+    return File::reopen(origin, /*direct=*/true);
   } catch (const OsError& e) {
     if (e.error_number() != EINVAL) throw;
     return File();
   }
-  if (!(file.identity() == identity)) throw_replaced(path);
-  return file;
 }
 
 // An array in memory: owned elsewhere (arrays handed in), or a small file read whole at open.
 class MemoryReader final : public ArrayReader {
  public:
   MemoryReader(std::string name, NpyHeader header, std::shared_ptr<const void> owner, const std::byte* data,
-               bool writable, bool fell_back)
+               bool writable, bool fell_back, std::optional<FileOrigin> origin)
       : ArrayReader(std::move(name), std::move(header)) {
+    origin_ = std::move(origin);
     view_ = data;
     owner_ = std::move(owner);
     writable_ = writable;
@@ -90,6 +84,7 @@ class MemoryReader final : public ArrayReader {
 class MappedReader final : public ArrayReader {
  public:
   MappedReader(const File& file, NpyHeader header) : ArrayReader(file.path(), std::move(header)) {
+    origin_ = file.origin();
     mapping_ = MappedFile::map(file);
     view_ = mapping_->data() == nullptr ? nullptr : mapping_->data() + header_.data_offset;
     owner_ = mapping_;
@@ -126,17 +121,18 @@ class MappedReader final : public ArrayReader {
 class OnDemandMappedReader final : public ArrayReader {
  public:
   OnDemandMappedReader(const File& file, NpyHeader header, std::shared_ptr<MappingCache> cache)
-      : ArrayReader(file.path(), std::move(header)), identity_(file.identity()), cache_(std::move(cache)) {}
+      : ArrayReader(file.path(), std::move(header)), cache_(std::move(cache)) {
+    origin_ = file.origin();
+  }
   void read(std::uint64_t offset, std::uint64_t length, std::byte* dest) const override {
     if (length == 0) return;
     std::shared_ptr<const MappedFile> mapping;
     try {
-      mapping = cache_->acquire(name_, identity_);
+      mapping = cache_->acquire(*origin_);
     } catch (const OsError& e) {
       if (e.error_number() != ENOMEM) throw;
       // The process ran out of mappings (others hold them): read this piece with pread instead.
-      File file = File::open(name_);
-      if (!(file.identity() == identity_)) throw_replaced(name_);
+      File file = File::reopen(*origin_);
       file.read_exact(dest, length, header_.data_offset + offset);
       return;
     }
@@ -154,7 +150,7 @@ class OnDemandMappedReader final : public ArrayReader {
   }
   void populate(std::uint64_t offset, std::uint64_t length) const override {
     try {
-      cache_->acquire(name_, identity_)->populate(header_.data_offset + offset, length);
+      cache_->acquire(*origin_)->populate(header_.data_offset + offset, length);
     } catch (const NpyFormatError& e) {
       throw e.with_path(name_);
     } catch (const OsError& e) {
@@ -163,7 +159,6 @@ class OnDemandMappedReader final : public ArrayReader {
   }
 
  private:
-  FileIdentity identity_;
   std::shared_ptr<MappingCache> cache_;
 };
 
@@ -184,16 +179,15 @@ class FileReader : public ArrayReader {
   }
 
  protected:
-  FileReader(const File& file, NpyHeader header)
-      : ArrayReader(file.path(), std::move(header)), identity_(file.identity()) {}
-  // A buffered descriptor for one call: the kept one if it is plain, else the file opened again.
+  FileReader(const File& file, NpyHeader header) : ArrayReader(file.path(), std::move(header)) {
+    origin_ = file.origin();
+  }
+  // A buffered descriptor for one call: the kept one if it is plain, else the file opened again (checked).
   const File& plain(File& reopened) const {
     if (file_.is_open() && !file_is_direct_) return file_;
-    reopened = File::open(name_);
-    if (!(reopened.identity() == identity_)) throw_replaced(name_);
+    reopened = File::reopen(*origin_);
     return reopened;
   }
-  FileIdentity identity_;
   File file_;  // kept open (keep_open), else closed
   bool file_is_direct_ = false;
 };
@@ -247,7 +241,7 @@ class PreadReader final : public FileReader {
 class DirectReader final : public FileReader {
  public:
   DirectReader(File file, NpyHeader header, bool keep_open) : FileReader(file, std::move(header)) {
-    File direct = open_direct(name_, identity_);
+    File direct = open_direct(*origin_);
     if (direct.is_open()) {
       align_ = direct_alignment(direct);
       if (keep_open) {
@@ -313,7 +307,7 @@ class DirectReader final : public FileReader {
     File reopened;
     const File* file = &file_;
     if (!file_is_direct_) {
-      reopened = open_direct(name_, identity_);
+      reopened = open_direct(*origin_);
       file = &reopened;
     }
     if (file->is_open() && read_direct_into(*file, align_, dest, at, length)) return true;
@@ -334,7 +328,7 @@ std::shared_ptr<ArrayReader> read_whole(const File& file, ReadMode mode, std::si
   bool fell_back = false;
   std::size_t align = 1;
   if (mode == ReadMode::kDirect) {
-    direct_file = open_direct(path, file.identity());
+    direct_file = open_direct(file.origin());
     fell_back = !direct_file.is_open();
     if (direct_file.is_open()) align = direct_alignment(direct_file);
   }
@@ -353,6 +347,7 @@ std::shared_ptr<ArrayReader> read_whole(const File& file, ReadMode mode, std::si
           "file ended while reading its " + std::to_string(size) + " bytes (truncated, or shrunk while being read)");
     }
   }
+  file.check_unchanged();  // written while it was read: the bytes may mix two versions
   NpyHeader header;
   try {
     header = parse_npy_header(std::span<const std::byte>(buffer->data(), got), max_header_size);
@@ -369,7 +364,8 @@ std::shared_ptr<ArrayReader> read_whole(const File& file, ReadMode mode, std::si
     buffer = aligned;
     data = aligned->data();
   }
-  return std::make_shared<MemoryReader>(path, std::move(header), buffer, data, /*writable=*/true, fell_back);
+  return std::make_shared<MemoryReader>(path, std::move(header), buffer, data, /*writable=*/true, fell_back,
+                                        file.origin());
 }
 
 }  // namespace
@@ -395,8 +391,9 @@ NpyHeader read_header(const File& file, std::size_t max_header_size) {
   return header;
 }
 
-std::shared_ptr<ArrayReader> ArrayReader::open(const std::string& path, const ReaderOptions& options) {
-  File file = File::open(path);
+namespace {
+
+std::shared_ptr<ArrayReader> open_reader(File file, const ReaderOptions& options) {
   if (options.mode != ReadMode::kMmap && file.size() <= options.read_whole_up_to) {
     return read_whole(file, options.mode, options.max_header_size, options.whole_file_buffers.get());
   }
@@ -413,10 +410,21 @@ std::shared_ptr<ArrayReader> ArrayReader::open(const std::string& path, const Re
   throw InvalidArgument("unknown read mode");
 }
 
+}  // namespace
+
+std::shared_ptr<ArrayReader> ArrayReader::open(const std::string& path, const ReaderOptions& options) {
+  return open_reader(File::open(path), options);
+}
+
+std::shared_ptr<ArrayReader> ArrayReader::reopen(const FileOrigin& origin, const ReaderOptions& options) {
+  return open_reader(File::reopen(origin), options);
+}
+
 std::shared_ptr<ArrayReader> ArrayReader::in_memory(std::string name, NpyHeader header,
                                                     std::shared_ptr<const void> owner, const std::byte* data,
-                                                    bool writable) {
-  return std::make_shared<MemoryReader>(std::move(name), std::move(header), std::move(owner), data, writable, false);
+                                                    bool writable, std::optional<FileOrigin> origin) {
+  return std::make_shared<MemoryReader>(std::move(name), std::move(header), std::move(owner), data, writable, false,
+                                        std::move(origin));
 }
 
 // ---- defaults, for readers whose data is in view() ----------------------------------------------

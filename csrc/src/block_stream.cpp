@@ -30,8 +30,9 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
   return t + (s.size() == 1 ? ",)" : ")");
 }
 
-// The file behind `opened`, read whole (one large read, O_DIRECT where asked and allowed) into owned memory.
-// The samples were checked against the array as opened: one that changed shape or type since is an error.
+// The file behind `opened`, read whole (one large read, O_DIRECT where asked and allowed) into owned memory,
+// checked to be the file the source opened (File::reopen: not replaced, resized or written since; and again
+// once read, for a write while it was read), so that an epoch never mixes two versions of the data.
 ArraySource read_whole_file(const ArraySource& opened, const WindowOptions& options, ReadMode mode,
                             std::shared_ptr<BufferPool> buffers) {
   ReaderOptions reader_options;
@@ -40,7 +41,11 @@ ArraySource read_whole_file(const ArraySource& opened, const WindowOptions& opti
   reader_options.max_header_size = options.max_header_size;
   reader_options.keep_open = false;
   reader_options.read_whole_up_to = UINT64_MAX;
-  ArraySource now{ArrayReader::open(opened.name(), reader_options)};
+  const std::optional<FileOrigin>& origin = opened.reader->origin();
+  if (!origin) throw InvalidArgument(opened.name() + ": not a file, nothing to read whole");
+  ArraySource now{ArrayReader::reopen(*origin, reader_options)};
+  // The same file has the same header; this guards the gather's bounds should a filesystem keep a file's size and
+  // modification time across a rewrite.
   const NpyHeader& a = opened.header();
   const NpyHeader& b = now.header();
   if (a.shape != b.shape || a.itemsize != b.itemsize || a.fortran_order != b.fortran_order ||

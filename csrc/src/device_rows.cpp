@@ -245,7 +245,10 @@ HostRows DeviceRows::read_keys(const std::vector<std::uint32_t>& keys, bool labe
   return out;
 }
 
-HostRows DeviceRows::read_resident(bool label) const { return read_keys(keys_, label, false); }
+HostRows DeviceRows::read_resident(bool label) const {
+  plan_->source().check_files_unchanged();  // the upload serves every epoch: of the files the source opened
+  return read_keys(keys_, label, false);
+}
 
 StartRows DeviceRows::start_rows(const std::vector<std::int64_t>& ids, const Layout& layout) const {
   const WindowSource& source = plan_->source();
@@ -278,7 +281,14 @@ StartRows DeviceRows::start_rows(const std::vector<std::int64_t>& ids, const Lay
   return out;
 }
 
+void DeviceRows::check_files_at_epoch_start(std::uint64_t epoch, std::size_t position) const {
+  if (position != 0 && files_checked_for_.load(std::memory_order_acquire) == epoch + 1) return;
+  plan_->source().check_files_unchanged();
+  files_checked_for_.store(epoch + 1, std::memory_order_release);
+}
+
 StartRows DeviceRows::rows(std::uint64_t epoch, std::size_t batch) const {
+  check_files_at_epoch_start(epoch, batch);
   const std::vector<std::int64_t> ids = plan_->ids(epoch, batch);
   plan_->source().check_ids(ids);
   StartRows out = start_rows(ids, resident_);
@@ -376,6 +386,7 @@ HostRows DeviceRows::straddler_windows(const std::vector<std::int64_t>& ids, boo
 }
 
 GroupUpload DeviceRows::group(std::uint64_t epoch, std::size_t index) const {
+  check_files_at_epoch_start(epoch, index);
   const auto epoch_groups = groups_of(epoch);
   const std::vector<DeviceGroup>& groups = epoch_groups->groups;
   if (index >= groups.size()) {

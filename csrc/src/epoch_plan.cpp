@@ -197,6 +197,7 @@ std::vector<std::int64_t> EpochPlan::order(std::uint64_t epoch) const {
 
 std::unique_ptr<EpochStream> EpochPlan::stream(std::uint64_t epoch, std::size_t start_batch, std::size_t prefetch,
                                                std::shared_ptr<const PageLocker> page_locker) const {
+  source_->check_files_unchanged();
   if (spec_.shuffle == Shuffle::kBlocks) {
     return std::make_unique<BlockStream>(source_, samples_, block_plan(epoch), spec_.memory_budget, spec_.batch_size,
                                          spec_.drop_remainder, prefetch, start_batch, stats_, std::move(page_locker));

@@ -29,6 +29,7 @@ std::string at_byte(std::optional<std::uint64_t> offset) {
 
 OsError::OsError(int error_number, std::string path, const std::string& operation, std::optional<std::uint64_t> offset)
     : Error(operation + " '" + path + "'" + at_byte(offset) + ": " + std::strerror(error_number)),
+      operation_(operation),
       errno_(error_number),
       path_(std::move(path)),
       offset_(offset),

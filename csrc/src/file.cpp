@@ -15,6 +15,12 @@ namespace npyfeed {
 
 namespace {
 
+FileIdentity identity_of(const struct stat& st) {
+  return FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+                      static_cast<std::uint64_t>(st.st_size),
+                      static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
+}
+
 rlim_t open_files_limit() noexcept {
   struct rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return RLIM_INFINITY;
@@ -57,8 +63,56 @@ File File::open(const std::string& path, bool direct) {
   int status_flags = ::fcntl(fd, F_GETFL);
   if (status_flags >= 0) ::fcntl(fd, F_SETFL, status_flags & ~O_NONBLOCK);
   file.size_ = static_cast<std::uint64_t>(st.st_size);
-  file.identity_ = FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+  file.identity_ = identity_of(st);
   return file;
+}
+
+File File::reopen(const FileOrigin& origin, bool direct) {
+  File file;
+  try {
+    file = open(origin.path, direct);
+  } catch (const OsError& e) {
+    if (e.error_number() == ENOENT) throw OsError(ENOENT, origin.path, "deleted since it was opened");
+    throw;
+  }
+  check_same_file(origin, file.identity());
+  return file;
+}
+
+void File::check_unchanged() const {
+  struct stat st{};
+  if (::fstat(fd_, &st) != 0) throw OsError(errno, path_, "cannot stat");
+  check_same_file(origin(), identity_of(st));
+}
+
+void check_same_file(const FileOrigin& origin, const FileIdentity& now) {
+  const FileIdentity& then = origin.identity;
+  if (now == then) return;
+  std::string what;
+  if (now.device != then.device || now.inode != then.inode) {
+    what = "replaced by another file: renamed over, or deleted and written again";
+  } else if (now.size != then.size) {
+    what = std::string(now.size < then.size ? "truncated" : "grown") + ": " + std::to_string(then.size) +
+           " bytes then, " + std::to_string(now.size) + " now";
+  } else {
+    what = "written in place: its modification time changed";
+  }
+  // What a running job is told to do about it, too.
+  throw OsError(ESTALE, origin.path,
+                "changed since it was opened (" + what + "; a new WindowSource reads the new data)");
+}
+
+void check_unchanged(const FileOrigin& origin) {
+  struct stat st{};
+  int rc;
+  do {
+    rc = ::stat(origin.path.c_str(), &st);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int error = errno;
+    throw OsError(error, origin.path, error == ENOENT ? "deleted since it was opened" : "cannot stat");
+  }
+  check_same_file(origin, identity_of(st));
 }
 
 File::~File() { close(); }

@@ -42,7 +42,8 @@ std::size_t mapping_budget() {
 
 MappingCache::MappingCache(std::size_t capacity) : capacity_(capacity < 1 ? 1 : capacity) {}
 
-std::shared_ptr<const MappedFile> MappingCache::acquire(const std::string& path, const FileIdentity& identity) {
+std::shared_ptr<const MappedFile> MappingCache::acquire(const FileOrigin& origin) {
+  const std::string& path = origin.path;
   {
     std::lock_guard lock(mutex_);
     if (auto it = by_path_.find(path); it != by_path_.end()) {
@@ -52,8 +53,7 @@ std::shared_ptr<const MappedFile> MappingCache::acquire(const std::string& path,
   }
   // Map outside the lock (opening and mapping may wait on the disk); two threads may map one file at
   // once: the second keeps the first's mapping.
-  File file = File::open(path);
-  if (!(file.identity() == identity)) throw OsError(ESTALE, path, "file replaced since it was opened");
+  File file = File::reopen(origin);
   std::shared_ptr<const MappedFile> mapping;
   try {
     mapping = MappedFile::map(file);

@@ -25,7 +25,7 @@ std::shared_ptr<NpzArchive> NpzArchive::open(const std::string& path) {
   File file = File::open(path);
   std::shared_ptr<NpzArchive> archive(new NpzArchive());
   archive->path_ = path;
-  archive->identity_ = file.identity();
+  archive->origin_ = file.origin();
   archive->size_ = file.size();
   try {
     archive->members_ = read_zip_directory([&file](std::byte* dest, std::size_t length,
@@ -55,11 +55,7 @@ std::size_t NpzArchive::find(const std::string& key) const {
   throw InvalidArgument(path_ + ": no member '" + key + "' in the archive (it holds " + known + ")");
 }
 
-File NpzArchive::reopen() const {
-  File file = File::open(path_);
-  if (!(file.identity() == identity_)) throw OsError(ESTALE, path_, "file replaced since it was opened");
-  return file;
-}
+File NpzArchive::reopen() const { return File::reopen(origin_); }
 
 std::shared_ptr<MappedFile> NpzArchive::mapping() const {
   std::lock_guard lock(mapping_mutex_);
@@ -137,7 +133,7 @@ std::shared_ptr<ArrayReader> NpzArchive::open_member(std::size_t i, ReadMode mod
       if (map->size() < at + header.nbytes)
         throw NpyFormatError(path_, map->size(), member_label(member) + ": the archive shrank after it was opened");
       if (mapped_view != nullptr) *mapped_view = true;
-      return ArrayReader::in_memory(name, std::move(header), map, map->data() + at, /*writable=*/false);
+      return ArrayReader::in_memory(name, std::move(header), map, map->data() + at, /*writable=*/false, origin_);
     }
     // Everything else is read once into owned, 64-byte aligned memory: pread for a stored member, inflate for a
     // deflated one (the whole stream is read, so its end and CRC-32 are checked).
@@ -145,7 +141,7 @@ std::shared_ptr<ArrayReader> NpzArchive::open_member(std::size_t i, ReadMode mod
     stream.read(buffer->data(), static_cast<std::size_t>(header.nbytes));
     stream.finish();
     const std::byte* data = buffer->data();
-    return ArrayReader::in_memory(name, std::move(header), std::move(buffer), data, mode != ReadMode::kMmap);
+    return ArrayReader::in_memory(name, std::move(header), std::move(buffer), data, mode != ReadMode::kMmap, origin_);
   } catch (const NpyFormatError& e) {
     if (e.path() == path_) throw;
     throw e.with_path(path_);

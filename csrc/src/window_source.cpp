@@ -454,6 +454,24 @@ std::vector<std::string> WindowSource::direct_fallbacks() const {
   return names;
 }
 
+void WindowSource::check_files_unchanged() const {
+  if (!reads_files_) return;
+  std::optional<OsError> first;
+  std::size_t changed = 0;
+  for (const auto* arrays : {&factors_, &labels_}) {
+    for (const ArraySource& array : *arrays) {
+      if (!array.reader || !array.reader->origin()) continue;
+      try {
+        check_unchanged(*array.reader->origin());
+      } catch (const OsError& e) {
+        if (changed++ == 0) first = e;
+      }
+    }
+  }
+  if (changed == 1) throw *first;
+  if (changed > 1) throw first->with_note("; " + std::to_string(changed) + " files of this source changed in all");
+}
+
 void WindowSource::check_ids(const std::vector<std::int64_t>& sample_ids) const {
   for (std::int64_t id : sample_ids) {
     if (id < 0 || static_cast<std::uint64_t>(id) >= size_) {

@@ -2,7 +2,7 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._core import ClosedError, NpyFormatError
+from ._core import ClosedError, FileChangedError, NpyFormatError
 from .loading import MODES, Header, load, load_factor_files, load_many, read_header
 from .plan import BatchIterator, Plan
 from .warm import DirectoryResidency, WarmReport, warm
@@ -26,6 +26,7 @@ def __getattr__(name):
 
 __all__ = [
     "NpyFormatError",
+    "FileChangedError",
     "ClosedError",
     "Header",
     "MODES",

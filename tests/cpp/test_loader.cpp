@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -253,9 +254,9 @@ TEST_CASE("a file shrunk or replaced between the header and chunk phases") {
       ManyLoad many({f.path}, o);
       many.start_headers(pool)->wait();
       REQUIRE(::truncate(f.path.c_str(), static_cast<off_t>(f.data_offset + 3 * kMiB)) == 0);
-      auto e = CHECK_THROWS(NpyFormatError, many.start_chunks(pool)->wait());
-      if (e) CHECK_EQ(e->path(), f.path);
-      if (e) CHECK(contains(e->reason(), "shrunk"));
+      // The chunks open the file again: checked to be the file whose header was read (File::reopen).
+      auto e = CHECK_THROWS(OsError, many.start_chunks(pool)->wait());
+      if (e) CHECK(e->error_number() == ESTALE && e->path() == f.path && contains(e->what(), "truncated"));
     }
     f = write_npy(dir.file("big.npy"), "|u1", "(6291456,)", 6 * kMiB, 31);
     {
@@ -281,6 +282,53 @@ TEST_CASE("mmap populate of a file shrunk after mapping is an error, not SIGBUS"
   REQUIRE(::truncate(f.path.c_str(), 4096) == 0);
   auto e = CHECK_THROWS(NpyFormatError, many.start_chunks(pool)->wait());
   if (e) CHECK_EQ(e->path(), f.path);
+}
+
+TEST_CASE("File: a file changed since it was opened is refused, saying what changed") {
+  TempDir dir;
+  const std::string path = dir.file("data.bin");
+  const std::vector<std::byte> data = pattern(4096, 7);
+  write_bytes(path, "", data);
+  // An hour old: a change now always moves the modification time, whatever the clock's tick.
+  struct timespec old[2];
+  REQUIRE(::clock_gettime(CLOCK_REALTIME, &old[0]) == 0);
+  old[0].tv_sec -= 3600;
+  old[1] = old[0];
+  REQUIRE(::utimensat(AT_FDCWD, path.c_str(), old, 0) == 0);
+  const FileOrigin origin = File::open(path).origin();
+  CHECK_EQ(origin.identity.size, 4096u);
+  File::reopen(origin);  // unchanged: no error
+  check_unchanged(origin);
+  auto refused = [&](const char* says) {
+    auto e = CHECK_THROWS(OsError, check_unchanged(origin));
+    if (e) {
+      CHECK_EQ(e->error_number(), ESTALE);
+      CHECK_EQ(e->path(), path);
+      CHECK(contains(e->what(), says));
+    }
+    auto r = CHECK_THROWS(OsError, File::reopen(origin));
+    if (r) CHECK(contains(r->what(), says));
+  };
+  {  // written in place, same size
+    const int fd = ::open(path.c_str(), O_WRONLY);
+    REQUIRE(fd >= 0);
+    REQUIRE(::pwrite(fd, "x", 1, 100) == 1);
+    ::close(fd);
+    refused("written in place");
+  }
+  REQUIRE(::truncate(path.c_str(), 1000) == 0);
+  refused("truncated: 4096 bytes then, 1000 now");
+  REQUIRE(::truncate(path.c_str(), 5000) == 0);
+  refused("grown: 4096 bytes then, 5000 now");
+  const std::string other = dir.file("other.bin");
+  write_bytes(other, "", data);
+  REQUIRE(::rename(other.c_str(), path.c_str()) == 0);
+  refused("replaced by another file");
+  REQUIRE(::unlink(path.c_str()) == 0);
+  auto gone = CHECK_THROWS(OsError, check_unchanged(origin));
+  if (gone) CHECK(gone->error_number() == ENOENT && contains(gone->what(), "deleted since it was opened"));
+  auto gone_reopen = CHECK_THROWS(OsError, File::reopen(origin));
+  if (gone_reopen) CHECK(gone_reopen->error_number() == ENOENT && contains(gone_reopen->what(), "deleted since"));
 }
 
 TEST_CASE("File: reads, short reads at the end, identity") {
