@@ -177,15 +177,19 @@ def test_the_recommendation_follows_from_the_figures(ran):
     rec = rep["recommendation"]
     assert vars(again) == {**rec, "bounds": again.bounds} and again.bounds == pytest.approx(rec["bounds"])
     # and from the figures as printed, independently: the data fits, so mmap and a global shuffle; each process
-    # gets at most a third of the node's memory copy and as many threads as a third of the CPUs allows.
+    # gets at most a third of the node's memory copy and as many threads as a third of the CPUs allows (one
+    # thread, a third of the node's gathers, where there are fewer than three CPUs).
     assert (rec["mode"], rec["shuffle"], rec["memory_budget"]) == ("mmap", True, None)
     rows = {(r["name"], r["cache"]): r["samples_per_s"] for r in rep["rows"]}
     limits = rep["limits"]
     copy = limits.get("copy_node", limits["copy"])["samples_per_s"]
-    per_thread = rows[(bench.ITERATOR, "warm")] / rep["data"]["threads"]
-    most = max(1, rep["machine"]["cpus"] // 3)
+    cpus = rep["machine"]["cpus"]
+    per_thread = rows[(bench.ITERATOR, "warm")] / min(rep["data"]["threads"], cpus)
+    most = max(1, cpus // 3)
     assert 1 <= rec["threads"] <= most
-    assert rec["expected_samples_per_s"] == pytest.approx(min(copy / 3, rec["threads"] * per_thread))
+    gather = rec["threads"] * per_thread * min(1, cpus / 3)
+    assert rec["expected_samples_per_s"] == pytest.approx(min(copy / 3, gather))
+    assert 3 * rec["expected_samples_per_s"] <= per_thread * cpus * (1 + 1e-9)
     assert rec["threads"] == min(most, max(1, -(-copy / 3 // per_thread)))
     text = ran["stdout"].split("recommendation: ")[1]
     assert f'mode="mmap", threads={rec["threads"]}), shuffle=True' in text
@@ -211,6 +215,34 @@ def test_recommend_when_the_data_fits(processes, threads, expected, limited_by):
     rec = bench.recommend(*figures(10e9, 20e9), processes)
     assert (rec.mode, rec.shuffle, rec.threads, rec.limited_by) == ("mmap", True, threads, limited_by)
     assert rec.expected_samples_per_s == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("cpus, threads, processes", [
+    (2, 2, 4),     # 4 processes on the 2 CPUs the row was measured on
+    (2, 2, 3),
+    (2, 4, 4),     # the row ran 4 threads on 2 CPUs: its rate is the 2 CPUs'
+    (2, 1, 10),    # the row ran 1 thread: a CPU's rate, times the node's 2 CPUs
+    (16, 16, 17),
+    (16, 4, 40),
+])
+def test_recommend_never_promises_more_processes_than_cpus_more_than_the_node_gathers(cpus, threads, processes):
+    iterator = 279508.0  # samples/s of the warm numpy iterator row, with `threads` threads
+    rec = bench.recommend(*figures(10e9, 20e9, iterator=iterator, copy=1e9, cpus=cpus, threads=threads), processes)
+    node = iterator / min(threads, cpus) * cpus  # every CPU of the node at the rate of one measured thread
+    assert (rec.threads, rec.limited_by) == (1, "gather threads")
+    assert rec.expected_samples_per_s == pytest.approx(node / processes)
+    assert rec.expected_samples_per_s * processes <= node * (1 + 1e-9)
+    if threads >= cpus:  # the row had every CPU: the processes together get no more than it measured
+        assert rec.expected_samples_per_s * processes <= iterator * (1 + 1e-9)
+    assert f"{processes} processes share the node's {cpus} CPUs: one gather thread each" in rec.text()
+    assert f"the node gathers {node:,.0f} samples/s in all" in rec.text()
+
+
+def test_recommend_with_the_cpus_measured_then_shared_four_ways():
+    # The figures of a 2-CPU node: 279,508 samples/s with 2 threads, 139,754 per thread; 4 processes share it.
+    rec = bench.recommend(*figures(10e9, 20e9, iterator=279508.0, copy=2.4e6, cpus=2, threads=2), 4)
+    assert rec.threads == 1 and rec.bounds == pytest.approx({"memory copy": 600000.0, "gather threads": 69877.0})
+    assert rec.expected_samples_per_s == pytest.approx(69877.0) and rec.limited_by == "gather threads"
 
 
 def test_recommend_is_bound_by_the_memory_copy_shared_by_the_processes():

@@ -249,9 +249,12 @@ def recommend(rows: Sequence, limits: Mapping, data: Mapping, machine: Mapping, 
     The data fits when its files take at most `FIT_FRACTION` of the memory available: then ``mode="mmap"`` and
     ``shuffle=True`` (one copy in the page cache, shared by every process on the node), else ``shuffle="blocks"``
     with ``mode="direct"`` (each file read once per epoch, in sequence, around the page cache). Samples/s per
-    process is the least of: the threads times the gather rate per thread measured (that order's row), the
-    node's memory copy over `processes`, and, for blocks, the disk's sequential read over `processes`. Threads
-    are as many as reach the other bounds, at most the node's CPUs over `processes`.
+    process is the least of: the threads times the gather rate per thread measured (that order's row, over its
+    threads, or over the CPUs where it ran with more threads than CPUs), the node's memory copy over
+    `processes`, and, for blocks, the disk's sequential read over `processes`. Threads are as many as reach the
+    other bounds, at most the node's CPUs over `processes`. With more processes than CPUs, each process gets one
+    thread, which has a CPU ``cpus / processes`` of the time: the processes together are never promised more
+    than every CPU of the node gathers (the rate per thread times the CPUs).
 
     Parameters
     ----------
@@ -290,7 +293,9 @@ def recommend(rows: Sequence, limits: Mapping, data: Mapping, machine: Mapping, 
             row = (ITERATOR, "warm")
             reasons.append("no cold blocks figure: the gather rate per thread is the warm numpy iterator's")
     bounds = {}
-    per_thread = rate[row] / max(1, int(data["threads"])) if row in rate else None
+    # A thread's rate on a CPU of its own: threads beyond the CPUs shared them while they were measured.
+    ran = min(max(1, int(data["threads"])), cpus)
+    per_thread = rate[row] / ran if row in rate else None
     copy = lim.get("copy_node", lim.get("copy"))
     if copy:
         bounds["memory copy"] = copy / processes
@@ -299,13 +304,24 @@ def recommend(rows: Sequence, limits: Mapping, data: Mapping, machine: Mapping, 
     elif shuffle == "blocks":
         reasons.append("the disk was not measured (no cold measurements): its limit is left out")
     most = max(1, cpus // processes)
+    # The CPUs a process's gather threads have: whole CPUs of their own, or, with more processes than CPUs, a
+    # share of them. The processes together never gather faster than every CPU of the node does.
+    share = min(1.0, cpus / processes)
     if per_thread:
         target = min(bounds.values()) if bounds else per_thread * most
         threads = max(1, min(most, math.ceil(target / per_thread - 1e-9)))
-        bounds["gather threads"] = threads * per_thread
-        reasons.append(f"{threads} gather thread{'s' if threads > 1 else ''} at {per_thread:,.0f} samples/s per thread "
-                       f"(the {row[0]} {row[1]} row over {data['threads']} threads); {most} CPU"
-                       f"{'s' if most > 1 else ''} per process")
+        bounds["gather threads"] = threads * per_thread * share
+        measured = (f"the {row[0]} {row[1]} row: {rate[row]:,.0f} samples/s with {data['threads']} thread"
+                    f"{'s' if int(data['threads']) > 1 else ''}" + (f" on {cpus} CPU{'s' if cpus > 1 else ''}"
+                                                                  if int(data["threads"]) > cpus else ""))
+        if share < 1:
+            reasons.append(f"{processes} processes share the node's {cpus} CPU{'s' if cpus > 1 else ''}: one gather "
+                           f"thread each, running {cpus}/{processes} of the time, so the node gathers "
+                           f"{per_thread * cpus:,.0f} samples/s in all ({cpus} x {per_thread:,.0f} per CPU; "
+                           f"{measured}), {bounds['gather threads']:,.0f} per process")
+        else:
+            reasons.append(f"{threads} gather thread{'s' if threads > 1 else ''} at {per_thread:,.0f} samples/s per "
+                           f"thread ({measured}); {most} CPU{'s' if most > 1 else ''} per process")
     else:
         threads = most
     if "memory copy" in bounds:
