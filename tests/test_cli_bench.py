@@ -110,6 +110,11 @@ def test_the_run_succeeds_and_prints_a_table(ran):
     assert "recommendation: WindowSource(" in ran["stdout"]
 
 
+def test_the_report_fits_120_columns(ran):
+    lines = ran["stdout"].splitlines()
+    assert max(map(len, lines)) <= bench.WIDTH == 120, max(lines, key=len)
+
+
 def test_the_json_holds_every_row_and_figure(ran):
     rep = ran["report"]
     d = rep["data"]
@@ -158,17 +163,106 @@ def test_cold_rows_are_measured_where_the_cache_can_be_dropped(ran):
     assert "page cache" in limits["disk_random_cached"]["name"] and limits["disk_random_cached"]["samples_per_s"] > 0
 
 
+def footnotes(text: str) -> dict:
+    """The numbered notes under the tables of a printed report, their wrapped lines joined: {"[1]": text}."""
+    notes, last = {}, None
+    for line in text.splitlines():
+        found = re.match(r"(\[\d+\]) (.*)", line)
+        if found:
+            last = found.group(1)
+            notes[last] = found.group(2)
+        elif last and line.startswith("    ") and line.strip():
+            notes[last] += " " + line.strip()
+        else:
+            last = None
+    return notes
+
+
 def test_the_printed_figures_are_the_json_figures(ran):
     lines = ran["stdout"].splitlines()
+    notes = footnotes(ran["stdout"])
     for r in ran["report"]["rows"]:
         line = next(ln for ln in lines if ln.startswith(f"{r['name']} ") and f" {r['cache']} " in ln)
+        marker = line.split()[-1]
         if r["skipped"]:
-            assert "skipped: " + r["skipped"] in line
-        else:
-            assert f" {r['samples_per_s']:,.0f} " in line and f" {r['gbps']:.2f} " in line, line
-    for lim in ran["report"]["limits"].values():
+            assert notes[marker] == "skipped: " + r["skipped"], line
+            continue
+        assert f" {r['samples_per_s']:,.0f} " in line and f" {r['gbps']:.2f} " in line, line
+        assert f" {r['limit']} " in line, line  # the limit's key
+        if r["note"]:
+            assert notes[marker] == r["note"], line
+    for key, lim in ran["report"]["limits"].items():
         line = next(ln for ln in lines if ln.startswith(lim["name"] + " "))
-        assert f"{lim['samples_per_s']:,.0f}" in line
+        assert f" {key} " in line and f"{lim['samples_per_s']:,.0f}" in line
+        if lim["note"]:
+            assert notes[line.split()[-1]] == lim["note"], line
+
+
+def synthetic_report(processes: int = 10) -> bench.BenchReport:
+    """A report of long notes and large figures: a skipped row, two rows sharing a note, a limit with a note."""
+    long = "stopped at half the sampled files' bytes, so as not to find its own reads cached; " * 2
+    rows = [bench.Row(bench.DICT_ROW, "warm", 34602.0, 3.54, 193, 2.0, 0.1, "copy", 0.26, 0.26,
+                      "all 49,873 samples it was given; 53 keys np.load-ed in 0.11 s: 0.1 s and 0.30 GB per process "
+                      "for every key"),
+            bench.Row(bench.ITERATOR, "warm", 12345678.0, 1234.56, 1234567, 2.0, 0.1, "copy", 1.0, 123.45, long),
+            bench.Row('npyfeed mode="read"', "warm", 71186.0, 7.29, 220, 2.0, 0.1, "copy", 0.53, 0.54, long),
+            bench.Row(bench.ITERATOR, "cold", skipped="100% of the files stayed in the page cache after "
+                                                      "posix_fadvise(DONTNEED)")]
+    limits = {"copy": bench.Limit("memory copy, 2 threads", 13.38, 130675.0),
+              "disk_random_cached": bench.Limit("disk random read, 1,234.5 MB (page cache)", 1.40, 13712.0,
+                                                "the same reads without O_DIRECT, best of 4 and 16 in flight per "
+                                                "thread (32): the limit of mode=\"mmap\" and \"read\", whose cold "
+                                                "reads go through the page cache")}
+    data = {"keys": 60, "samples": 56460, "bytes": 299535360, "factor_shape": [4800, 256], "dtype": "float32",
+            "window": 100, "batch_size": 256, "threads": 2, "seed": 0, "sampled": False, "sampled_keys": 60,
+            "sampled_samples": 56460, "sampled_bytes": 299535360, "open_seconds": 0.0}
+    machine = {"cpus": 2, "memory_bytes": 25e9, "memory_available": 24e9, "load": "1.1"}
+    rec = bench.recommend([vars(r) for r in rows], {k: vars(v) for k, v in limits.items()}, data, machine, processes)
+    return bench.BenchReport(rows, limits, data, machine, rec, processes, ["a report note " * 12], 9.9)
+
+
+def test_the_report_fits_120_columns_whatever_its_notes_and_figures():
+    report = synthetic_report()
+    text = report.format_table()
+    assert max(map(len, text.splitlines())) <= 120, max(text.splitlines(), key=len)
+    lines = text.splitlines()
+    dict_row = next(ln for ln in lines if ln.startswith(bench.DICT_ROW))
+    assert dict_row.split()[-3:] == ["copy", "0.26x", "[1]"]  # the limit's key and the note's number
+    notes = footnotes(text)
+    assert notes["[1]"] == report.rows[0].note
+    assert notes["[2]"] == report.rows[1].note.strip()  # one number for the note two rows share
+    assert [ln.split()[-1] for ln in lines if ln.startswith(('npyfeed mode="mmap"', 'npyfeed mode="read"'))] == \
+        ["[2]", "[2]", "[3]"]
+    assert notes["[3]"] == "skipped: " + report.rows[3].skipped
+    assert notes["[4]"] == report.limits["disk_random_cached"].note
+    assert "processes share the node's 2 CPUs" in text and "10 processes on this node" in text
+
+
+def test_wide_puts_the_limits_names_and_the_notes_in_the_tables():
+    report = synthetic_report()
+    text = report.format_table(wide=True)
+    lines = text.splitlines()
+    assert not footnotes(text)
+    dict_row = next(ln for ln in lines if ln.startswith(bench.DICT_ROW))
+    assert dict_row.endswith("  memory copy, 2 threads    0.26x  " + report.rows[0].note)
+    skipped = next(ln for ln in lines if ln.startswith(bench.ITERATOR) and " cold " in ln)
+    assert skipped.endswith("skipped: " + report.rows[3].skipped)
+    limit = next(ln for ln in lines if ln.startswith("disk random read, 1,234.5 MB (page cache)"))
+    assert limit.endswith(report.limits["disk_random_cached"].note)
+    assert report.recommendation.text() in text  # one line per reason
+    assert max(map(len, lines)) > 120
+
+
+def test_the_command_prints_wide_with_wide(data, capsys):
+    argv = ["bench", *data["index"], data["factor_dir"], data["label_dir"], "--window", str(W), "--batch-size",
+            str(B), "--seconds", "0.05", "--no-cold", "--no-tf", "--quiet", "--processes", "4"]
+    assert cli.main([*argv, "--wide"]) == 0
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if ln.startswith(bench.ITERATOR))
+    assert re.search(r"  memory copy, \d+ threads? +\d+\.\d\dx  ", row), row  # the limit's name, not its key
+    assert "[1]" not in out
+    reasons = out.split("recommendation: ")[1].splitlines()
+    assert any(len(line) > 120 for line in reasons), reasons  # the reasons unwrapped
 
 
 def test_the_recommendation_follows_from_the_figures(ran):
@@ -177,15 +271,19 @@ def test_the_recommendation_follows_from_the_figures(ran):
     rec = rep["recommendation"]
     assert vars(again) == {**rec, "bounds": again.bounds} and again.bounds == pytest.approx(rec["bounds"])
     # and from the figures as printed, independently: the data fits, so mmap and a global shuffle; each process
-    # gets at most a third of the node's memory copy and as many threads as a third of the CPUs allows.
+    # gets at most a third of the node's memory copy and as many threads as a third of the CPUs allows (one
+    # thread, a third of the node's gathers, where there are fewer than three CPUs).
     assert (rec["mode"], rec["shuffle"], rec["memory_budget"]) == ("mmap", True, None)
     rows = {(r["name"], r["cache"]): r["samples_per_s"] for r in rep["rows"]}
     limits = rep["limits"]
     copy = limits.get("copy_node", limits["copy"])["samples_per_s"]
-    per_thread = rows[(bench.ITERATOR, "warm")] / rep["data"]["threads"]
-    most = max(1, rep["machine"]["cpus"] // 3)
+    cpus = rep["machine"]["cpus"]
+    per_thread = rows[(bench.ITERATOR, "warm")] / min(rep["data"]["threads"], cpus)
+    most = max(1, cpus // 3)
     assert 1 <= rec["threads"] <= most
-    assert rec["expected_samples_per_s"] == pytest.approx(min(copy / 3, rec["threads"] * per_thread))
+    gather = rec["threads"] * per_thread * min(1, cpus / 3)
+    assert rec["expected_samples_per_s"] == pytest.approx(min(copy / 3, gather))
+    assert 3 * rec["expected_samples_per_s"] <= per_thread * cpus * (1 + 1e-9)
     assert rec["threads"] == min(most, max(1, -(-copy / 3 // per_thread)))
     text = ran["stdout"].split("recommendation: ")[1]
     assert f'mode="mmap", threads={rec["threads"]}), shuffle=True' in text
@@ -211,6 +309,34 @@ def test_recommend_when_the_data_fits(processes, threads, expected, limited_by):
     rec = bench.recommend(*figures(10e9, 20e9), processes)
     assert (rec.mode, rec.shuffle, rec.threads, rec.limited_by) == ("mmap", True, threads, limited_by)
     assert rec.expected_samples_per_s == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("cpus, threads, processes", [
+    (2, 2, 4),     # 4 processes on the 2 CPUs the row was measured on
+    (2, 2, 3),
+    (2, 4, 4),     # the row ran 4 threads on 2 CPUs: its rate is the 2 CPUs'
+    (2, 1, 10),    # the row ran 1 thread: a CPU's rate, times the node's 2 CPUs
+    (16, 16, 17),
+    (16, 4, 40),
+])
+def test_recommend_never_promises_more_processes_than_cpus_more_than_the_node_gathers(cpus, threads, processes):
+    iterator = 279508.0  # samples/s of the warm numpy iterator row, with `threads` threads
+    rec = bench.recommend(*figures(10e9, 20e9, iterator=iterator, copy=1e9, cpus=cpus, threads=threads), processes)
+    node = iterator / min(threads, cpus) * cpus  # every CPU of the node at the rate of one measured thread
+    assert (rec.threads, rec.limited_by) == (1, "gather threads")
+    assert rec.expected_samples_per_s == pytest.approx(node / processes)
+    assert rec.expected_samples_per_s * processes <= node * (1 + 1e-9)
+    if threads >= cpus:  # the row had every CPU: the processes together get no more than it measured
+        assert rec.expected_samples_per_s * processes <= iterator * (1 + 1e-9)
+    assert f"{processes} processes share the node's {cpus} CPUs: one gather thread each" in rec.text()
+    assert f"the node gathers {node:,.0f} samples/s in all" in rec.text()
+
+
+def test_recommend_with_the_cpus_measured_then_shared_four_ways():
+    # The figures of a 2-CPU node: 279,508 samples/s with 2 threads, 139,754 per thread; 4 processes share it.
+    rec = bench.recommend(*figures(10e9, 20e9, iterator=279508.0, copy=2.4e6, cpus=2, threads=2), 4)
+    assert rec.threads == 1 and rec.bounds == pytest.approx({"memory copy": 600000.0, "gather threads": 69877.0})
+    assert rec.expected_samples_per_s == pytest.approx(69877.0) and rec.limited_by == "gather threads"
 
 
 def test_recommend_is_bound_by_the_memory_copy_shared_by_the_processes():

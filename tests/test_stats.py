@@ -131,6 +131,18 @@ def test_a_slow_gather_makes_the_consumer_wait(heavy, read):
     assert nfs.summary(got).startswith("input-bound"), nfs.summary(got)
 
 
+def test_gather_seconds_counts_cpu_time_not_the_readers_blocked_time(heavy):
+    # mode="direct" gathers with 4 blocking readers per thread. Pinned to one CPU, one thread's readers share it:
+    # their CPU time can never exceed the time that CPU had, the elapsed time; their time at work (blocked in
+    # reads, or waiting for the CPU) adds up to about 4 times it.
+    cpu = min(os.sched_getaffinity(0))
+    src = _open(heavy, "direct", threads=1, cpus=[cpu])
+    plan = src.plan(64, shuffle=True, seed=0)
+    list(plan.batches(0))
+    got = plan.stats()
+    assert 0 < got["gather_seconds"] <= got["elapsed_seconds"], got
+
+
 def test_a_consumer_waiting_for_a_block_read_is_counted(heavy):
     src = _open(heavy, "direct", threads=1)
     plan = src.plan(64, shuffle="blocks", seed=0, memory_budget=4 << 20)  # a key (1.5 MB) per block

@@ -18,7 +18,7 @@ struct PipelineCounts {
   std::uint64_t wait_ns = 0;  // time the consumer waited for them (from asking to having)
   // Time from the consumer's first request to the last batch it received (0 before the first batch).
   std::uint64_t elapsed_ns = 0;
-  std::uint64_t gather_ns = 0;         // worker time the gathers of those batches took, summed over workers
+  std::uint64_t gather_ns = 0;         // CPU time the gathers of those batches took, summed over workers
   std::uint64_t ready_batches = 0;     // batches that were complete when the consumer asked for them
   std::uint64_t read_ahead_sum = 0;    // complete batches waiting when one was asked for, summed over the batches
   std::uint64_t blocks_read = 0;       // shuffle="blocks": blocks whose files were all read
@@ -39,7 +39,7 @@ class PipelineStats {
   static std::uint64_t now_ns() noexcept;
   /// The consumer asked for a batch at `asked_ns` and had it at `got_ns` (now_ns() values).
   void waited(std::uint64_t asked_ns, std::uint64_t got_ns) noexcept;
-  /// A batch of `samples` samples and `bytes` bytes was handed out; its gather took `gather_ns` of worker time;
+  /// A batch of `samples` samples and `bytes` bytes was handed out; its gather took `gather_ns` of CPU time;
   /// `ready_ahead` batches were complete when it was asked for (itself included: 0 when it was not).
   void served(std::uint64_t samples, std::uint64_t bytes, std::uint64_t gather_ns, std::uint64_t ready_ahead) noexcept;
   /// `bytes` of a block's files read, in `read_ns` of worker time; `last` for the last file of its block.

@@ -36,9 +36,10 @@ class Job {
   std::size_t items_done() const noexcept { return items_done_.load(std::memory_order_relaxed); }
   /// Extra progress counter that work items may bump (bytes read).
   std::atomic<std::uint64_t>& progress() noexcept { return progress_; }
-  /// Nanoseconds the job's workers have spent on it so far, summed over workers (each runner reads the clock
-  /// once when it starts and once when it stops: nothing per item).
-  std::uint64_t busy_ns() const noexcept { return busy_ns_.load(std::memory_order_relaxed); }
+  /// CPU time the job's workers have spent on it so far, in nanoseconds, summed over workers: time a worker
+  /// was blocked (in a read, a page fault, a lock) or waited for a core is not counted. Each runner reads its
+  /// thread's CPU clock once when it starts and once when it stops: nothing per item.
+  std::uint64_t cpu_ns() const noexcept { return cpu_ns_.load(std::memory_order_relaxed); }
   /// True in a child process forked after the job started: its workers do not exist there, so the job
   /// can never finish. Waiting on such a job throws instead of hanging.
   bool orphaned() const noexcept;
@@ -55,7 +56,7 @@ class Job {
   std::atomic<std::size_t> next_{0};
   std::atomic<std::size_t> items_done_{0};
   std::atomic<std::uint64_t> progress_{0};
-  std::atomic<std::uint64_t> busy_ns_{0};
+  std::atomic<std::uint64_t> cpu_ns_{0};
   std::atomic<bool> cancelled_{false};
   std::mutex mutex_;
   std::condition_variable finished_;

@@ -297,7 +297,7 @@ BlockStream::Batch BlockStream::take() {
   pending_.pop_front();
   p.job->wait();
   stats_->served(p.batch.count, p.batch.count * (source_->x_sample_bytes() + source_->y_sample_bytes()),
-                 p.job->busy_ns(), ready);
+                 p.job->cpu_ns(), ready);
   p.arrays.reset();  // the last batch of a block lets the block's memory go here
   fill();            // start the next read-ahead before handing this batch out
   return std::move(p.batch);

@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,6 +47,8 @@ MAX_COLD_RESIDENCY = 0.02
 FIT_FRACTION = 0.8
 #: Seconds per row by default.
 DEFAULT_SECONDS = 2.0
+#: Columns the printed report fits by default (`BenchReport.format_table`; ``wide=True`` has no bound).
+WIDTH = 120
 
 ITERATOR = 'npyfeed mode="mmap"'  # the row every other is compared with, in the same cache state
 DICT_ROW = "users' dict + per-sample slicing"
@@ -146,8 +149,8 @@ class Recommendation:
     bounds: dict
     reasons: list
 
-    def text(self) -> str:
-        """The recommendation as printed."""
+    def text(self, width: int | None = None) -> str:
+        """The recommendation as printed: one line per reason, or wrapped to `width` columns."""
         shuffle = '"blocks"' if self.shuffle == "blocks" else "True"
         budget = f", memory_budget={_bytes(self.memory_budget)}" if self.memory_budget else ""
         per = "process" if self.processes == 1 else f"process, {self.processes} processes on this node"
@@ -157,7 +160,7 @@ class Recommendation:
             lines.append(f"  expected: about {self.expected_samples_per_s:,.0f} samples/s per {per} "
                          f"(limited by the {self.limited_by})")
         lines += [f"  because {r}" if i == 0 else f"  {r}" for i, r in enumerate(self.reasons)]
-        return "\n".join(lines)
+        return "\n".join(_wrap(line, width) for line in lines)
 
 
 @dataclass
@@ -203,33 +206,54 @@ class BenchReport:
                 "recommendation": asdict(self.recommendation), "notes": list(self.notes), "seconds": self.seconds,
                 "date": self.date}
 
-    def format_table(self) -> str:
-        """The report as printed by ``npyfeed bench``: data, machine, rows, limits, notes, recommendation."""
+    def format_table(self, wide: bool = False) -> str:
+        """The report as printed by ``npyfeed bench``: data, machine, rows, limits, notes, recommendation.
+
+        By default every line fits `WIDTH` columns: a row's limit is its key in `limits`, and the notes of rows
+        and limits are numbered under their table (a note shared by several rows once). With `wide`, the limits'
+        names and the notes are columns of the tables, and no line is wrapped.
+        """
         d, m = self.data, self.machine
+        width = None if wide else WIDTH
         sampled = (f"sampled {d['sampled_keys']:,} keys ({_bytes(d['sampled_bytes'])}, {d['sampled_samples']:,} "
                    f"samples, seed {d['seed']})" if d["sampled"] else "every key")
-        out = [f"data: {d['keys']:,} keys, {d['samples']:,} samples, {_bytes(d['bytes'])} of files (factor "
-               f"{tuple(d['factor_shape'])} {d['dtype']}); W={d['window']}, B={d['batch_size']}, "
-               f"{d['threads']} threads; {sampled}; opened in {d['open_seconds']:.1f} s",
-               f"machine: {m['cpus']} CPUs, {_bytes(m['memory_bytes'])} memory, {_bytes(m['memory_available'])} "
-               f"available, load {m['load']}", ""]
+        out = [_wrap(f"data: {d['keys']:,} keys, {d['samples']:,} samples, {_bytes(d['bytes'])} of files (factor "
+                     f"{tuple(d['factor_shape'])} {d['dtype']}); W={d['window']}, B={d['batch_size']}, "
+                     f"{d['threads']} threads; {sampled}; opened in {d['open_seconds']:.1f} s", width),
+               _wrap(f"machine: {m['cpus']} CPUs, {_bytes(m['memory_bytes'])} memory, "
+                     f"{_bytes(m['memory_available'])} available, load {m['load']}", width), ""]
+        footnotes: dict = {}  # note -> its number, shared by the tables below
+
+        def note(text: str) -> str:
+            if wide or not text:
+                return text
+            return f"[{footnotes.setdefault(text, len(footnotes) + 1)}]"
+
+        def notes_since(first: int) -> list:
+            return [_wrap(f"[{n}] {text}", width, indent=len(f"[{n}] "))
+                    for text, n in footnotes.items() if n >= first]
+
         rows = []
         for r in self.rows:
             if r.skipped:
-                rows.append([r.name, r.cache, "-", "-", "-", "-", "-", "-", "skipped: " + r.skipped])
+                rows.append([r.name, r.cache, "-", "-", "-", "-", "-", "-", note("skipped: " + r.skipped)])
                 continue
             lim = self.limits.get(r.limit) if r.limit else None
+            shown = "-" if lim is None else lim.name if wide else r.limit
             rows.append([r.name, r.cache, f"{r.batches:,}", f"{r.samples_per_s:,.0f}", _fmt(r.gbps, ".2f"),
-                         _fmt(r.vs_iterator, ".2f", "x"), lim.name if lim else "-", _fmt(r.vs_limit, ".2f", "x"),
-                         r.note])
+                         _fmt(r.vs_iterator, ".2f", "x"), shown, _fmt(r.vs_limit, ".2f", "x"), note(r.note)])
         out.append(_measure.format_table(("row", "cache", "batches", "samples/s", "GB/s", "x iter", "limit",
                                           "x limit", "note"), rows, align="llrrrrlrl"))
+        out += notes_since(1)
         out.append("")
-        lims = [[v.name, _fmt(v.gbps, ".2f"), _fmt(v.samples_per_s, ",.0f"), v.note] for v in self.limits.values()]
-        out.append(_measure.format_table(("limit", "GB/s", "samples/s", "note"), lims, align="lrrl"))
+        first = len(footnotes) + 1
+        lims = [[v.name, k, _fmt(v.gbps, ".2f"), _fmt(v.samples_per_s, ",.0f"), note(v.note)]
+                for k, v in self.limits.items()]
+        out.append(_measure.format_table(("limit", "key", "GB/s", "samples/s", "note"), lims, align="llrrl"))
+        out += notes_since(first)
         if self.notes:
-            out += ["", "notes:"] + [f"  * {n}" for n in self.notes]
-        out += ["", self.recommendation.text(), "", f"measured in {self.seconds:.1f} s"]
+            out += ["", "notes:"] + [_wrap(f"  * {n}", width, indent=4) for n in self.notes]
+        out += ["", self.recommendation.text(width), "", f"measured in {self.seconds:.1f} s"]
         return "\n".join(out)
 
     def plot(self, path) -> None:
@@ -249,9 +273,12 @@ def recommend(rows: Sequence, limits: Mapping, data: Mapping, machine: Mapping, 
     The data fits when its files take at most `FIT_FRACTION` of the memory available: then ``mode="mmap"`` and
     ``shuffle=True`` (one copy in the page cache, shared by every process on the node), else ``shuffle="blocks"``
     with ``mode="direct"`` (each file read once per epoch, in sequence, around the page cache). Samples/s per
-    process is the least of: the threads times the gather rate per thread measured (that order's row), the
-    node's memory copy over `processes`, and, for blocks, the disk's sequential read over `processes`. Threads
-    are as many as reach the other bounds, at most the node's CPUs over `processes`.
+    process is the least of: the threads times the gather rate per thread measured (that order's row, over its
+    threads, or over the CPUs where it ran with more threads than CPUs), the node's memory copy over
+    `processes`, and, for blocks, the disk's sequential read over `processes`. Threads are as many as reach the
+    other bounds, at most the node's CPUs over `processes`. With more processes than CPUs, each process gets one
+    thread, which has a CPU ``cpus / processes`` of the time: the processes together are never promised more
+    than every CPU of the node gathers (the rate per thread times the CPUs).
 
     Parameters
     ----------
@@ -290,7 +317,9 @@ def recommend(rows: Sequence, limits: Mapping, data: Mapping, machine: Mapping, 
             row = (ITERATOR, "warm")
             reasons.append("no cold blocks figure: the gather rate per thread is the warm numpy iterator's")
     bounds = {}
-    per_thread = rate[row] / max(1, int(data["threads"])) if row in rate else None
+    # A thread's rate on a CPU of its own: threads beyond the CPUs shared them while they were measured.
+    ran = min(max(1, int(data["threads"])), cpus)
+    per_thread = rate[row] / ran if row in rate else None
     copy = lim.get("copy_node", lim.get("copy"))
     if copy:
         bounds["memory copy"] = copy / processes
@@ -299,13 +328,24 @@ def recommend(rows: Sequence, limits: Mapping, data: Mapping, machine: Mapping, 
     elif shuffle == "blocks":
         reasons.append("the disk was not measured (no cold measurements): its limit is left out")
     most = max(1, cpus // processes)
+    # The CPUs a process's gather threads have: whole CPUs of their own, or, with more processes than CPUs, a
+    # share of them. The processes together never gather faster than every CPU of the node does.
+    share = min(1.0, cpus / processes)
     if per_thread:
         target = min(bounds.values()) if bounds else per_thread * most
         threads = max(1, min(most, math.ceil(target / per_thread - 1e-9)))
-        bounds["gather threads"] = threads * per_thread
-        reasons.append(f"{threads} gather thread{'s' if threads > 1 else ''} at {per_thread:,.0f} samples/s per thread "
-                       f"(the {row[0]} {row[1]} row over {data['threads']} threads); {most} CPU"
-                       f"{'s' if most > 1 else ''} per process")
+        bounds["gather threads"] = threads * per_thread * share
+        measured = (f"the {row[0]} {row[1]} row: {rate[row]:,.0f} samples/s with {data['threads']} thread"
+                    f"{'s' if int(data['threads']) > 1 else ''}" + (f" on {cpus} CPU{'s' if cpus > 1 else ''}"
+                                                                  if int(data["threads"]) > cpus else ""))
+        if share < 1:
+            reasons.append(f"{processes} processes share the node's {cpus} CPU{'s' if cpus > 1 else ''}: one gather "
+                           f"thread each, running {cpus}/{processes} of the time, so the node gathers "
+                           f"{per_thread * cpus:,.0f} samples/s in all ({cpus} x {per_thread:,.0f} per CPU; "
+                           f"{measured}), {bounds['gather threads']:,.0f} per process")
+        else:
+            reasons.append(f"{threads} gather thread{'s' if threads > 1 else ''} at {per_thread:,.0f} samples/s per "
+                           f"thread ({measured}); {most} CPU{'s' if most > 1 else ''} per process")
     else:
         threads = most
     if "memory copy" in bounds:
@@ -416,3 +456,13 @@ def _bytes(n) -> str:
 
 def _fmt(value, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _wrap(line: str, width: int | None, indent: int | None = None) -> str:
+    """`line` wrapped to `width` columns (as it is with None), its continuation lines indented by `indent`
+    (default: its own indent and two more)."""
+    if width is None or len(line) <= width:
+        return line
+    own = len(line) - len(line.lstrip(" "))
+    return "\n".join(textwrap.wrap(line, width, subsequent_indent=" " * (own + 2 if indent is None else indent),
+                                   break_long_words=False, break_on_hyphens=False))

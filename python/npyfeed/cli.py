@@ -191,6 +191,9 @@ def _add_bench_parser(sub) -> None:
     p.add_argument("--json", metavar="PATH", default=None, help="also write the report as JSON to PATH")
     p.add_argument("--plot", metavar="PATH", default=None,
                    help="also draw it to PATH, .svg or .png (needs matplotlib: pip install 'npyfeed[bench]')")
+    p.add_argument("--wide", action="store_true",
+                   help="the limits' names and the notes as columns of the tables, no line wrapped (by default the "
+                        "report fits 120 columns, the notes numbered under each table)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_bench)
 
@@ -217,7 +220,7 @@ def _bench(args) -> int:
     except (OSError, ValueError, IndexError, KeyError) as e:
         print(f"npyfeed bench: {_error_text(e)}", file=sys.stderr)
         return 1
-    print(report.format_table())
+    print(report.format_table(wide=args.wide))
     try:
         if args.json is not None:
             with open(args.json, "w") as f:

@@ -120,7 +120,7 @@ class Plan:
 
     def stats(self) -> dict:
         """Live statistics of this plan: what `take` and its iterators served, how long the consumer waited for
-        it against how long the gathers worked, read-ahead, blocks read (a dict of `npyfeed.stats.FIELDS`;
+        it against the CPU time the gathers took, read-ahead, blocks read (a dict of `npyfeed.stats.FIELDS`;
         also counted into `WindowSource.stats`)."""
         return _stats.as_dict(self._core.stats.counts())
 

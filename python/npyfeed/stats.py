@@ -1,6 +1,6 @@
 """Live statistics of a pipeline: is the input the bottleneck?
 
-Every plan counts, always on, what its consumer took and how long it waited for it, how long the gathers worked,
+Every plan counts, always on, what its consumer took and how long it waited for it, the CPU time the gathers took,
 how far the read-ahead was, what ``shuffle="blocks"`` read and what ``gather="device"`` uploaded; each plan also
 counts into its source's totals. `WindowSource.stats`, `Plan.stats`, `BatchIterator.stats`, the ``stats()`` of a
 dataset made by `npyfeed.tf.dataset` and of the Keras and PyTorch adapters return them as a plain dict
@@ -27,7 +27,8 @@ FIELDS = {
     "elapsed_seconds": "from the consumer's first request to the last batch it received",
     "wait_seconds": "time the consumer waited for batches (from asking to having)",
     "wait_fraction": "wait_seconds / elapsed_seconds: the share of its time the consumer waited for input",
-    "gather_seconds": "worker time the gathers of those batches took, summed over the gather threads",
+    "gather_seconds": "CPU time the gathers of those batches took, summed over their workers (not time blocked in "
+                      "a read or a page fault, nor time waiting for a core)",
     "ready_batches": "batches that were complete when the consumer asked for them",
     "read_ahead": "complete batches waiting when the consumer asked, on average (0: it always waited)",
     "blocks_read": 'shuffle="blocks": blocks whose files were all read',
@@ -81,13 +82,21 @@ def as_dict(raw: dict) -> dict:
 
 def summary(stats: dict, consumer: str = "the consumer") -> str:
     """One line: input-bound or not, with the figures that say so. `stats` is a stats dict (`as_dict`); `consumer`
-    names who reads the batches (the Keras callbacks say "the model")."""
+    names who reads the batches (the Keras callbacks say "the model").
+
+    How to read an input-bound line: ``gather_seconds`` is CPU time, so ``gather_seconds / elapsed_seconds`` is
+    how many CPUs the gathers kept busy on average. Near ``threads`` (or above: ``mode="direct"``'s blocking
+    readers, 4 per thread, may together use more CPUs than ``threads``), the gathers compute all the time: more
+    threads, or fewer bytes per sample. Well below it, the gathers wait for the disk (a cold cache, data larger
+    than memory), where more threads help only by keeping more reads in flight, or for cores held by other
+    threads (`cpu_share`).
+    """
     if not stats["batches"]:
         return "no batches yet"
     share = stats["wait_fraction"]
     verdict = "input-bound" if share >= INPUT_BOUND else "not input-bound"
     line = (f"{verdict}: {consumer} waited {share:.0%} of its time for batches "
-            f"({stats['samples_per_second']:,.0f} samples/s; the gathers worked {stats['gather_seconds']:.2f} s, "
+            f"({stats['samples_per_second']:,.0f} samples/s; the gathers used {stats['gather_seconds']:.2f} s of CPU, "
             f"{stats['read_ahead']:.1f} batches ready ahead on average")
     if stats["blocks_read"]:
         line += f"; {stats['blocks_read']} blocks read, waited for {stats['block_waits']}"

@@ -1,7 +1,9 @@
 // The thread pool and its jobs: every item exactly once, the worker limit, first-exception-wins with
-// cancellation, cancel(), wait_for, many jobs from many threads, empty jobs, and fork. No test depends on
-// timing: where a test needs workers to be at a certain point, a gate holds them there.
+// cancellation, cancel(), wait_for, many jobs from many threads, empty jobs, fork, and the CPU time a job
+// counts. No test depends on timing: where a test needs workers to be at a certain point, a gate holds them
+// there.
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -108,6 +110,29 @@ TEST_CASE("all workers are used when items block") {
   gate.open();
   job->wait();
   CHECK_EQ(job->items_done(), 4u);
+}
+
+TEST_CASE("cpu_ns counts the workers' CPU time, not the time they were blocked") {
+  // Four workers held at a gate while this thread sleeps: blocked all along, they use next to no CPU. A clock
+  // of the workers' wall time would count at least 4 x 200 ms.
+  ThreadPool pool(4);
+  Gate gate;
+  auto blocked = pool.start(4, 4, [&](std::size_t) { gate.arrive_and_wait(); });
+  gate.wait_for_arrivals(4);
+  std::this_thread::sleep_for(200ms);
+  gate.open();
+  blocked->wait();
+  CHECK(blocked->cpu_ns() < 200'000'000u);
+  // Two items that each compute until their own thread's CPU clock has moved 20 ms: at least 40 ms counted.
+  auto busy = pool.start(2, 2, [](std::size_t) {
+    timespec start{}, now{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
+    do {
+      ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+    } while ((now.tv_sec - start.tv_sec) * 1'000'000'000L + (now.tv_nsec - start.tv_nsec) < 20'000'000L);
+  });
+  busy->wait();
+  CHECK(busy->cpu_ns() >= 40'000'000u);
 }
 
 TEST_CASE("with one worker, the first exception stops the job at once") {
