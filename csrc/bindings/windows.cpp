@@ -156,7 +156,47 @@ std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, cons
 void bind_windows(py::module_& m) {
   py::class_<SampleIndex>(m, "SampleIndex")
       .def("__len__", &SampleIndex::size)
-      .def_property_readonly("keys", [](const SampleIndex& i) { return i.keys; });
+      .def_property_readonly("keys", [](const SampleIndex& i) { return i.keys; })
+      // (feature, label, key) as read-only int32/int32/uint32 views kept alive by the index (a feature or label
+      // of INT32_MIN is in the side table), then the side tables as (sample, value) int64 arrays of shape (n, 2).
+      .def("columns",
+           [](const py::object& self) {
+             const IndexColumns& c = self.cast<const SampleIndex&>().columns();
+             auto view = [&](auto span) {
+               using T = std::remove_cv_t<typename decltype(span)::element_type>;
+               py::array a(py::dtype::of<T>(), {static_cast<py::ssize_t>(span.size())}, {}, span.data(), self);
+               a.attr("setflags")(py::arg("write") = false);
+               return a;
+             };
+             auto wide = [](std::span<const WideValue> values) {
+               py::array_t<std::int64_t> a({static_cast<py::ssize_t>(values.size()), py::ssize_t{2}});
+               auto w = a.mutable_unchecked<2>();
+               for (std::size_t i = 0; i < values.size(); ++i) {
+                 w(static_cast<py::ssize_t>(i), 0) = static_cast<std::int64_t>(values[i].sample);
+                 w(static_cast<py::ssize_t>(i), 1) = values[i].value;
+               }
+               return a;
+             };
+             return py::make_tuple(view(c.feature), view(c.label), view(c.key), wide(c.wide_feature),
+                                   wide(c.wide_label));
+           })
+      .def("where", &SampleIndex::where, py::arg("sample"), py::call_guard<py::gil_scoped_release>());
+
+  // An index for checking: malformed lines (and files that are not text) left out and listed, as
+  // (index, [(path, line, why)], how many in all); at most `limit` lines are listed, and every file left out
+  // (line 0).
+  m.def(
+      "check_index_files",
+      [](const std::vector<std::string>& paths, std::size_t threads, std::size_t limit) {
+        IndexProblems problems;
+        problems.limit = limit;
+        SampleIndex index = without_gil([&] { return read_index_files(paths, threads, &problems); });
+        py::list listed;
+        for (const IndexLineProblem& p : problems.listed)
+          listed.append(py::make_tuple(os_text(p.path), p.line, os_text(p.why)));
+        return py::make_tuple(std::move(index), listed, problems.total);
+      },
+      py::arg("paths"), py::arg("threads"), py::arg("limit"));
 
   m.def(
       "load_index",
