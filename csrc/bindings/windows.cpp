@@ -59,8 +59,12 @@ WindowOptions window_options(std::int64_t window, const std::string& dtype, cons
                              const std::string& mode, std::size_t threads, std::size_t max_header_size,
                              const Placement& placement, const std::string& npz_member = "",
                              std::uint64_t npz_memory_limit = 0, const py::object& transform = py::none(),
-                             std::optional<std::pair<std::int64_t, std::int64_t>> dense = std::nullopt) {
+                             std::optional<std::pair<std::int64_t, std::int64_t>> dense = std::nullopt,
+                             const std::string& missing = "error") {
+  if (missing != "error" && missing != "skip")
+    throw InvalidArgument("missing must be 'error' or 'skip', not '" + missing + "'");
   WindowOptions o;
+  o.skip_missing = missing == "skip";
   o.transform = transform_options(transform);
   if (dense) o.dense = DenseOptions{dense->first, dense->second};  // (stride, horizon)
   o.window = window;
@@ -75,17 +79,15 @@ WindowOptions window_options(std::int64_t window, const std::string& dtype, cons
   return o;
 }
 
-std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::vector<std::string>& factor_paths,
-                                                const std::vector<std::string>& label_paths, std::int64_t window,
-                                                const std::string& dtype, const std::string& bounds,
-                                                const std::string& mode, std::size_t threads,
-                                                std::size_t max_header_size, const Placement& placement,
-                                                const std::string& npz_member, std::uint64_t npz_memory_limit,
-                                                const py::object& transform,
-                                                std::optional<std::pair<std::int64_t, std::int64_t>> dense) {
-  auto source =
-      std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size,
-                                                           placement, npz_member, npz_memory_limit, transform, dense));
+std::shared_ptr<WindowSource> open_window_files(
+    SampleIndex& index, const std::vector<std::string>& factor_paths, const std::vector<std::string>& label_paths,
+    std::int64_t window, const std::string& dtype, const std::string& bounds, const std::string& mode,
+    std::size_t threads, std::size_t max_header_size, const Placement& placement, const std::string& npz_member,
+    std::uint64_t npz_memory_limit, const py::object& transform,
+    std::optional<std::pair<std::int64_t, std::int64_t>> dense, const std::string& missing) {
+  auto source = std::make_shared<WindowSource>(
+      index, window_options(window, dtype, bounds, mode, threads, max_header_size, placement, npz_member,
+                            npz_memory_limit, transform, dense, missing));
   wait_interruptibly(without_gil([&] {
     return source->start_open(shared_io_pool(0, placement), factor_paths, label_paths);  // checks the placement first
   }));
@@ -223,6 +225,8 @@ void bind_windows(py::module_& m) {
   py::class_<WindowSource, std::shared_ptr<WindowSource>>(m, "WindowSourceCore")
       .def("__len__", &WindowSource::size)
       .def_property_readonly("skipped", &WindowSource::skipped)
+      .def_property_readonly("missing_keys", &WindowSource::missing_keys)
+      .def_property_readonly("missing_samples", &WindowSource::missing_samples)
       .def_property_readonly("direct_fallbacks", &WindowSource::direct_fallbacks)
       .def_property_readonly("mapping_limit", &WindowSource::mapping_limit)
       .def_property_readonly("stats", &WindowSource::stats)
@@ -277,16 +281,17 @@ void bind_windows(py::module_& m) {
          std::int64_t window, const std::string& dtype, const std::string& bounds, const std::string& mode,
          std::size_t threads, std::size_t max_header_size, const std::vector<int>& cpus, std::optional<int> nice,
          std::optional<std::pair<int, int>> io_priority, const std::string& npz_member, std::uint64_t npz_memory_limit,
-         const py::object& transform, std::optional<std::pair<std::int64_t, std::int64_t>> dense) {
+         const py::object& transform, std::optional<std::pair<std::int64_t, std::int64_t>> dense,
+         const std::string& missing) {
         return open_window_files(index, factor_paths, label_paths, window, dtype, bounds, mode, threads,
                                  max_header_size, placement_of(cpus, nice, io_priority), npz_member, npz_memory_limit,
-                                 transform, dense);
+                                 transform, dense, missing);
       },
       py::arg("index"), py::arg("factor_paths"), py::arg("label_paths"), py::arg("window"), py::arg("dtype"),
       py::arg("bounds"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"),
       py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(), py::arg("io_priority") = py::none(),
       py::arg("npz_member") = "", py::arg("npz_memory_limit") = 0, py::arg("transform") = py::none(),
-      py::arg("dense") = py::none());
+      py::arg("dense") = py::none(), py::arg("missing") = "error");
   m.def(
       "window_source_from_arrays",
       [](SampleIndex& index, const std::vector<py::array>& factors, const std::vector<py::array>& labels,
