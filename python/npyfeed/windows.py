@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _checks, _core
 from . import stats as _stats
-from ._resources import MAX_HEADER_SIZE, available_memory, default_npz_memory_limit, resolve_placement, resolve_threads
+from ._resources import MAX_HEADER_SIZE, available_memory, default_npz_memory_limit, resolve_placement, thread_choice
 from ._transform import transform_spec
 from ._window_inputs import (
     BOUNDS,
@@ -57,7 +57,11 @@ class WindowSource:
         is ``"read"``): zero-copy from the page cache, which all processes on the machine share. ``"read"``
         and ``"direct"`` read only the rows a batch needs.
     threads : int, optional
-        Gather threads (default ``NPYFEED_THREADS`` or the CPUs this process may use). With
+        Gather threads. Default: ``NPYFEED_THREADS``, else one per CPU of `cpus`, else this process's share of
+        the CPUs it may use (``os.sched_getaffinity``): where the launcher says how many processes share the
+        node (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``, ``OMPI_COMM_WORLD_LOCAL_SIZE``) and has not
+        pinned each to a slice of its own, those CPUs divided by that number (at least 1). ``describe()`` says
+        what was chosen and why. With
         ``mode="direct"`` each thread keeps 4 reads in flight (4 x `threads` pool workers), since O_DIRECT
         workers mostly wait for the device. Where the files are not in the page cache (and always in mode
         ``"direct"``), the open reads their headers at least 16 at a time, whatever ``threads``: each waits
@@ -162,12 +166,13 @@ class WindowSource:
         window, out_dtype = check_common(window, dtype, bounds)
         transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
         placement = resolve_placement(cpus, nice, io_priority)
-        nthreads = resolve_threads(threads, placement.get("cpus"))
+        nthreads, why = thread_choice(threads, placement.get("cpus"))
         index, index_cache, built = load_index(index_files, cache, cache_dir, nthreads)
         factor_dir, label_dir = check_folders(factor_dir, label_dir)  # after the index: its errors come first
         self._open_files(index, factor_dir, label_dir, window, out_dtype, bounds, mode, nthreads, placement,
                          max_header_size, member, npz_memory_limit, transform, missing=missing)
         self._index_cache, self._index_built = index_cache, built
+        self._threads_why = why
 
     def _open_files(self, index, factor_dir, label_dir, window, out_dtype, bounds, mode, nthreads, placement,
                     max_header_size, member, npz_memory_limit, transform, dense=None, missing="error") -> None:
@@ -248,13 +253,14 @@ class WindowSource:
                 raise _checks.ArgumentTypeError(f"{name} must be an integer, got {value!r}")
         transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
         placement = resolve_placement(cpus, nice, io_priority)
-        nthreads = resolve_threads(threads, placement.get("cpus"))
+        nthreads, why = thread_choice(threads, placement.get("cpus"))
         factor_dir, label_dir = check_folders(factor_dir, label_dir)
         keys = dense_keys(factor_dir, label_dir) if keys is None else check_keys(keys)
         self = cls.__new__(cls)
         self._open_files(_core.dense_index(keys, factor_dir), factor_dir, label_dir, window, out_dtype, "error",
                          mode, nthreads, placement, max_header_size, member, npz_memory_limit, transform,
                          dense=(int(stride), int(horizon)), missing=missing)
+        self._threads_why = why
         return self
 
     @classmethod
@@ -291,7 +297,7 @@ class WindowSource:
         window, out_dtype = check_common(window, dtype, bounds)
         transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
         placement = resolve_placement(cpus, nice, io_priority)
-        nthreads = resolve_threads(threads, placement.get("cpus"))
+        nthreads, why = thread_choice(threads, placement.get("cpus"))
         core_index, index_cache, built = open_index(index, cache, cache_dir, nthreads)
         factor_arrays, label_arrays = key_arrays(core_index.keys, factors, labels)
         # The core reads these arrays in place and keeps them alive itself, as long as it needs them.
@@ -303,6 +309,7 @@ class WindowSource:
         self._transform = transform
         self._arrays = (factor_arrays, label_arrays)  # already kept alive by the core: no copy
         self._index_cache, self._index_built = index_cache, built
+        self._threads_why = why
         return self
 
     def _init(self, core, index, window, dtype, mode, threads, bounds):
@@ -322,6 +329,7 @@ class WindowSource:
         self.dtype = dtype
         self.mode = mode
         self.threads = threads
+        self._threads_why = ""  # what chose `threads` (thread_choice), for describe()
 
     # -- description ---------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -424,7 +432,9 @@ class WindowSource:
 
     def describe(self, sample: int | None = None) -> str:
         """Where sample `sample` comes from: index file, line, key, feature and label index. Without `sample`,
-        the source itself: samples, keys, shapes, mode, the samples and keys left out, and the gather threads.
+        the source itself: samples, keys, shapes, mode, the samples and keys left out, and the gather threads
+        with the reason for their number (an argument, ``NPYFEED_THREADS``, `cpus`, or this process's share
+        of the node's CPUs).
 
         Raises ``IndexError`` for samples outside ``[0, len(self))``.
         """
@@ -446,7 +456,8 @@ class WindowSource:
             shown = ", ".join(repr(k) for k in missing[:5]) + (", ..." if len(missing) > 5 else "")
             lines.append(f"left out: {len(missing)} of {keys} keys without a file, with their "
                          f"{self._core.missing_samples} samples (missing='skip'): {shown}")
-        lines.append(f"threads: {self.threads}")
+        why = f" ({self._threads_why})" if self._threads_why else ""
+        lines.append(f"threads: {self.threads}{why}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
