@@ -288,7 +288,7 @@ def test_the_package_reads_the_environment_in_one_place():
     root = Path(npyfeed.__file__).parent
     for path in root.rglob("*.py"):
         text = path.read_text()
-        reads = re.findall(r"os\.environ\.get|os\.getenv|os\.environ\[", text)
+        reads = re.findall(r"environ\.get|getenv\(|environ\[", text)
         assert not reads or path.name == "_resources.py", f"{path.name} reads the environment itself"
         for name in re.findall(r"environment\(\"(\w+)\"\)", text):
             assert name in _resources.ENVIRONMENT, name
