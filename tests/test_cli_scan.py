@@ -223,3 +223,146 @@ def test_names_that_are_not_utf8_are_printed_escaped(tmp_path):
     assert f"{tmp_path / 'truncated.npy'}: NpyFormatError" in proc.stdout
     bad = proc.stdout.split("Bad files:\n", 1)[1]
     assert "caf\\xe9.npy" in bad or "caf" not in bad  # listed with an escape while the binding refuses it
+
+
+# ----------------------------------------------------------------------------------------------------------
+# scan FACTOR_DIR LABEL_DIR --index INDEX... --window W: an index checked against its files
+
+
+def index_dataset(root: Path) -> tuple:
+    """Keys k0..k5 and two index files holding one problem of each kind; returns (index files, factor dir,
+    label dir, {kind: [where, ...]}) with every problem's place as the report must name it."""
+    factors, labels = root / "factor", root / "label"
+    factors.mkdir()
+    labels.mkdir()
+    for k in range(6):
+        np.save(factors / f"k{k}.npy", np.arange(60, dtype=np.float32).reshape(20, 3))
+        np.save(labels / f"k{k}.npy", np.arange(20, dtype=np.float32).reshape(20, 1))
+    np.save(factors / "k2.npy", np.arange(60, dtype=np.float64).reshape(20, 3))   # float64 among float32
+    np.save(labels / "k3.npy", np.arange(19, dtype=np.float32).reshape(19, 1))    # 19 label rows, 20 factor rows
+    np.save(factors / "k4.npy", np.arange(80, dtype=np.float32).reshape(20, 4))   # rows of 4, not 3
+    (factors / "k5.npy").write_bytes(b"\x93NUMPY\x01\x00garbage")                   # a corrupt header
+    day1 = root / "day1.idx"
+    day1.write_text("feature_index,label_index,key\n"      # 1: a header line
+                    "4,4,k0\n"                             # 2
+                    "2,2,k0\n"                             # 3: window [-2, 3) outside (W=5)
+                    "\n"                                   # 4: blank, fine
+                    "6,25,k1\n"                            # 5: label row 25 of 20
+                    "7,7,k0\n"                             # 6
+                    "7,7,k0\n"                             # 7: repeats line 6
+                    "5,5,ghost\n"                          # 8: no files
+                    "1,2\n"                                # 9: a missing field
+                    "5000000000,5,k1\n"                    # 10: a window beyond int32, outside
+                    "8,8,k2\n9,9,k3\n9,9,k4\n9,9,k5\n")    # 11-14
+    day2 = root / "day2.idx"
+    day2.write_text("4,4,k0\n"                             # 1: repeats day1.idx:2
+                    "10,10,k1\n")
+    where = {
+        "malformed": [f"{day1}:1", f"{day1}:9"],
+        "no_file": [str(factors / "ghost.npy"), str(labels / "ghost.npy")],
+        "bad_file": [str(factors / "k5.npy")],
+        "row_shape": [str(factors / "k4.npy")],
+        "row_count": [str(labels / "k3.npy")],
+        "window": [f"{day1}:3", f"{day1}:10"],
+        "label_row": [f"{day1}:5"],
+        "duplicate": [f"{day1}:7", f"{day2}:1"],
+        "dtype": [str(factors / "k2.npy")],
+    }
+    return [day1, day2], factors, labels, where
+
+
+def test_check_index_reports_every_problem_with_its_place(tmp_path):
+    index, factors, labels, where = index_dataset(tmp_path)
+    report = npyfeed.check_index(index, factors, labels, 5)
+    assert not report.ok
+    assert report.counts == {kind: len(places) for kind, places in where.items()}
+    assert {kind: [p.where for p in report.problems if p.kind == kind] for kind in where} == where
+    assert report.lines == 13 and report.keys == 7  # malformed and blank lines are not samples
+    by_place = {p.where: p for p in report.problems}
+    assert "feature_index is not an integer" in by_place[f"{index[0]}:1"].message
+    assert "'feature_index,label_index,key'" in by_place[f"{index[0]}:1"].message
+    assert "window rows [-2, 3) outside" in by_place[f"{index[0]}:3"].message
+    assert "window rows [4999999996, 5000000001)" in by_place[f"{index[0]}:10"].message
+    assert "label row 25 outside" in by_place[f"{index[0]}:5"].message
+    assert f"the same line as {index[0]}:6" in by_place[f"{index[0]}:7"].message
+    assert f"the same line as {index[0]}:2" in by_place[f"{index[1]}:1"].message
+    assert f"lines start at {index[0]}:8" in by_place[str(factors / "ghost.npy")].message
+    assert "19 rows, but" in by_place[str(labels / "k3.npy")].message
+    assert "float64 among 4 files of float32" in by_place[str(factors / "k2.npy")].message
+    severities = {p.kind: p.severity for p in report.problems}
+    assert severities.pop("duplicate") == severities.pop("dtype") == "warning"
+    assert set(severities.values()) == {"error"}
+    # What the source accepts is a warning there.
+    lenient = npyfeed.check_index(index, factors, labels, 5, bounds="skip", missing="skip")
+    assert {p.kind for p in lenient.warnings} >= {"window", "label_row", "no_file"}
+
+
+def test_scan_index_lists_everything_and_fails(tmp_path):
+    index, factors, labels, where = index_dataset(tmp_path)
+    r = run_cli("scan", factors, labels, "--index", *index, "--window", 5)
+    assert r.returncode == 1, r.stderr
+    for places in where.values():
+        for place in places:
+            assert f"  {place}: " in r.stdout, place
+    assert "errors" in r.stdout.splitlines()[0] and "9 x" not in r.stdout
+    assert "error: 2 x malformed" in r.stdout and "warning: 2 x duplicate" in r.stdout
+
+
+def test_scan_index_warnings_only_exit_zero(tmp_path):
+    factors, labels = tmp_path / "f", tmp_path / "l"
+    factors.mkdir()
+    labels.mkdir()
+    np.save(factors / "a.npy", np.zeros((10, 2), np.float32))
+    np.save(factors / "b.npy", np.zeros((10, 2), np.float64))
+    for k in "ab":
+        np.save(labels / f"{k}.npy", np.zeros(10, np.float32))
+    (tmp_path / "i.idx").write_text("3,3,a\n4,4,b\n3,3,a\n")
+    r = run_cli("scan", factors, labels, "--index", tmp_path / "i.idx", "--window", 2)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{tmp_path / 'i.idx'}:3: the same line as {tmp_path / 'i.idx'}:1" in r.stdout
+    assert "0 errors, 2 warnings" in r.stdout
+    # ... and a clean index: no problem, and the source opens.
+    (tmp_path / "i.idx").write_text("3,3,a\n4,4,b\n")
+    report = npyfeed.check_index(tmp_path / "i.idx", factors, labels, 2)
+    assert report.counts == {"dtype": 1} and report.ok
+    assert len(npyfeed.WindowSource(tmp_path / "i.idx", factors, labels, 2)) == 2
+
+
+def test_scan_index_missing_folder_and_usage(tmp_path):
+    index, factors, labels, _ = index_dataset(tmp_path)
+    report = npyfeed.check_index(index, tmp_path / "nowhere", labels, 5)
+    assert [(p.kind, p.where) for p in report.errors if p.kind == "folder"] == [("folder", str(tmp_path / "nowhere"))]
+    assert "no_file" not in report.counts
+    assert run_cli("scan", factors, "--index", *index, "--window", 5).returncode == 2
+    assert run_cli("scan", factors, labels, "--index", *index).returncode == 2
+    r = run_cli("scan", factors, labels, "--index", tmp_path / "none.idx", "--window", 5)
+    assert r.returncode == 1 and f"{tmp_path / 'none.idx'}: no such file" in r.stdout
+
+
+def test_check_index_file_with_nul_is_left_out(tmp_path):
+    index, factors, labels, _ = index_dataset(tmp_path)
+    (tmp_path / "binary.idx").write_bytes(b"1,1,k0\n\x00\x01")
+    report = npyfeed.check_index([tmp_path / "binary.idx", index[1]], factors, labels, 5)
+    assert [(p.kind, p.where) for p in report.errors] == [("index_file", str(tmp_path / "binary.idx"))]
+    assert report.lines == 2
+
+
+def test_check_index_is_vectorised(tmp_path):
+    """A million lines over a thousand keys in well under the time Python takes per line."""
+    import time
+
+    factors, labels = tmp_path / "f", tmp_path / "l"
+    factors.mkdir()
+    labels.mkdir()
+    for k in range(1000):
+        np.save(factors / f"k{k}.npy", np.zeros((1000, 2), np.float32))
+        np.save(labels / f"k{k}.npy", np.zeros(1000, np.float32))
+    rows = np.arange(1_000_000)
+    text = "\n".join(f"{r % 1000},{r % 1000},k{r // 1000}" for r in rows.tolist())
+    (tmp_path / "big.idx").write_text(text + "\n1000,1,k0\n")
+    start = time.perf_counter()
+    report = npyfeed.check_index(tmp_path / "big.idx", factors, labels, 1)
+    elapsed = time.perf_counter() - start
+    assert report.lines == 1_000_001 and report.counts == {"window": 1}
+    assert report.problems[0].where == f"{tmp_path / 'big.idx'}:1000001"
+    assert elapsed < 20, elapsed

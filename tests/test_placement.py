@@ -227,3 +227,101 @@ def test_placed_loads_give_the_same_arrays(data):
     for mode in ("read", "mmap", "direct"):
         for got, path in zip(npyfeed.load_many(files, mode=mode, cpus=[cpu], nice=1, io_priority="idle"), files):
             np.testing.assert_array_equal(got, np.load(path))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The default threads on a node shared by several processes
+
+
+@pytest.fixture
+def node(monkeypatch):
+    """A node of `machine` CPUs on which this process may use `mine`, launched with the given variables."""
+    from npyfeed import _resources
+
+    def make(machine: int, mine: int, **variables):
+        for name in _resources.PROCESSES_PER_NODE + ("NPYFEED_THREADS",):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(os, "cpu_count", lambda: machine)
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(mine)))
+        return _resources.thread_choice(None)
+
+    return make
+
+
+@pytest.mark.parametrize("machine, mine, variables, threads, words", [
+    (64, 64, {}, 64, "the 64 CPUs this process may use"),
+    (64, 64, {"LOCAL_WORLD_SIZE": "10"}, 6, "shared by 10 processes (LOCAL_WORLD_SIZE=10)"),
+    (24, 24, {"LOCAL_WORLD_SIZE": "10"}, 2, "shared by 10 processes"),
+    (8, 8, {"SLURM_NTASKS_PER_NODE": "10"}, 1, "shared by 10 processes (SLURM_NTASKS_PER_NODE=10)"),
+    (64, 64, {"SLURM_NTASKS_PER_NODE": "4(x3)"}, 16, "SLURM_NTASKS_PER_NODE=4"),
+    (64, 64, {"OMPI_COMM_WORLD_LOCAL_SIZE": "8"}, 8, "OMPI_COMM_WORLD_LOCAL_SIZE=8"),
+    (64, 64, {"LOCAL_WORLD_SIZE": "2", "SLURM_NTASKS_PER_NODE": "8"}, 32, "LOCAL_WORLD_SIZE=2"),
+    (64, 6, {"LOCAL_WORLD_SIZE": "10"}, 6, "its own slice"),  # the launcher pinned each process
+    (32, 32, {"LOCAL_WORLD_SIZE": "nonsense"}, 32, "the 32 CPUs"),
+    (64, 64, {"LOCAL_WORLD_SIZE": "10", "NPYFEED_THREADS": "3"}, 3, "NPYFEED_THREADS"),
+], ids=["alone", "torchrun", "small-node", "tiny-node", "slurm-uneven", "openmpi", "torchrun-first", "pinned",
+        "ignored", "env-wins"])
+def test_default_threads_share_the_node(node, machine, mine, variables, threads, words):
+    chosen, why = node(machine, mine, **variables)
+    assert chosen == threads and words in why, why
+
+
+def test_describe_says_how_the_threads_were_chosen(data, node):
+    node(64, 64, LOCAL_WORLD_SIZE="10")
+    src = npyfeed.WindowSource(data / "index.txt", data / "f", data / "l", 4)
+    assert src.threads == 6
+    assert "threads: 6 (64 CPUs this process may use, shared by 10 processes (LOCAL_WORLD_SIZE=10))" in \
+        src.describe()
+    src = npyfeed.WindowSource(data / "index.txt", data / "f", data / "l", 4, threads=2)
+    assert src.threads == 2 and "threads: 2 (threads=)" in src.describe()
+
+
+def test_the_package_reads_the_environment_in_one_place():
+    """Every environment variable the Python package reads goes through _resources.environment and its table."""
+    import re
+    from pathlib import Path
+
+    from npyfeed import _resources
+
+    root = Path(npyfeed.__file__).parent
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        reads = re.findall(r"environ\.get|getenv\(|environ\[", text)
+        assert not reads or path.name == "_resources.py", f"{path.name} reads the environment itself"
+        for name in re.findall(r"environment\(\"(\w+)\"\)", text):
+            assert name in _resources.ENVIRONMENT, name
+    with pytest.raises(KeyError):
+        _resources.environment("HOME")
+    documented = (root.parent.parent / "docs" / "one-node.md").read_text()
+    for name in _resources.ENVIRONMENT:
+        assert f"`{name}`" in documented, name
+
+
+def _recipe_function(page: str):
+    """The `cpu_slices` function of the placement recipe on `page`, as written there."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / page).read_text()
+    start = text.index("def cpu_slices")
+    code = text[start:text.index("\n\n", start)]
+    namespace: dict = {}
+    exec(code, namespace)  # noqa: S102 - the documentation's own code
+    return namespace["cpu_slices"]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/one-node.md"])
+def test_the_placement_recipe_never_gives_an_empty_cpu_set(page):
+    cpu_slices = _recipe_function(page)
+    for cores in range(1, 70):
+        node = list(range(100, 100 + cores))
+        used = set()
+        for rank in range(10):
+            tf_cores, loader_cores = cpu_slices(node, rank, 10)
+            assert tf_cores and loader_cores, (cores, rank)
+            assert set(tf_cores) | set(loader_cores) <= set(node)
+            used |= set(tf_cores) | set(loader_cores)
+            if cores >= 30:  # three cores or more each: npyfeed's two apart from TensorFlow's
+                assert len(loader_cores) == 2 and not set(tf_cores) & set(loader_cores)
+        assert used == set(node)  # every core serves a trainer

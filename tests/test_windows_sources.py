@@ -139,10 +139,82 @@ def test_one_missing_label_file(tmp_path):
         open_source(ds, "read")
 
 
-def test_missing_directory(tmp_path):
+@pytest.mark.parametrize("which", ["factor_dir", "label_dir"])
+def test_missing_directory_is_named(tmp_path, which):
+    """A folder that is not there is named as such, not reported as every key's files missing."""
     ds = many_keys_dataset(tmp_path, 2)
+    folders = {"factor_dir": ds.factor_dir, "label_dir": ds.label_dir, which: tmp_path / "nowhere"}
+    for missing in ("error", "skip"):
+        with pytest.raises(FileNotFoundError, match=f"{which} does not exist") as info:
+            npyfeed.WindowSource(ds.index, folders["factor_dir"], folders["label_dir"], 3, missing=missing)
+        assert info.value.filename == str(tmp_path / "nowhere")
+        assert "keys have no data file" not in str(info.value)
+    with pytest.raises(FileNotFoundError, match=f"{which} does not exist"):
+        npyfeed.WindowSource.dense(folders["factor_dir"], folders["label_dir"], 3)
+
+
+def test_missing_key_files_error_says_how_to_go_on(tmp_path):
+    ds = many_keys_dataset(tmp_path, 3)
+    (ds.factor_dir / "key01.npy").unlink()
+    with pytest.raises(FileNotFoundError, match=r"1 of 3 keys.*missing='skip'"):
+        open_source(ds, "read")
+    with pytest.raises(ValueError, match="missing must be 'error' or 'skip'"):
+        open_source(ds, "read", missing="ignore")
+
+
+@pytest.mark.parametrize("mode", FILE_MODES)
+def test_missing_skip_reads_exactly_the_other_keys(tmp_path, mode, caplog):
+    """missing='skip': the keys without a factor or label file are left out with all their lines, one warning
+    counts them, and every batch equals np.load's rows of the remaining keys' lines."""
+    ds = many_keys_dataset(tmp_path, 9)
+    (ds.factor_dir / "key00.npy").unlink()  # the first key: the row shapes come from a later one
+    (ds.label_dir / "key04.npy").unlink()
+    (ds.factor_dir / "key07.npy").unlink()
+    gone = {"key00", "key04", "key07"}
+    kept = [e for e in ds.entries if e[2] not in gone]
+    assert 0 < len(kept) < len(ds.entries)
+    with caplog.at_level("WARNING", logger="npyfeed"):
+        src = open_source(ds, mode, missing="skip")
+    assert src.missing_keys == ("key00", "key04", "key07")
+    assert len(src) == len(kept) and src.skipped == 0
+    warning = [r.getMessage() for r in caplog.records if "missing='skip'" in r.getMessage()]
+    assert len(warning) == 1
+    assert "3 of 9 keys" in warning[0] and f"their {len(ds.entries) - len(kept)} samples" in warning[0]
+    assert all(f"'{k}'" in warning[0] for k in gone)
+    check_epoch(src, ds, "float32", 7, entries=kept)
+    check_epoch(src, ds, "float32", 5, entries=kept, shuffle=True, seed=3)
+    for i in range(len(src)):
+        assert src.describe(i).split(": key")[0] == f"{ds.index}:{ds.entries.index(kept[i]) + 1}"
+    assert not any(f"{k}.npy" in str(p) for p in src.files for k in gone)
+    summary = src.describe()
+    assert "3 of 9 keys without a file" in summary and "'key04'" in summary
+
+
+def test_missing_skip_with_blocks_and_dense(tmp_path):
+    ds = many_keys_dataset(tmp_path, 5)
+    (ds.label_dir / "key02.npy").unlink()
+    kept = [e for e in ds.entries if e[2] != "key02"]
+    src = open_source(ds, "mmap", missing="skip")
+    order = src.epoch_order(0, shuffle="blocks", seed=2)
+    assert sorted(order.tolist()) == list(range(len(kept)))
+    check_epoch(src, ds, "float32", 4, entries=kept, shuffle="blocks", seed=2)
+    keys = [f"key{k:02d}" for k in range(5)]
+    dense = npyfeed.WindowSource.dense(ds.factor_dir, ds.label_dir, ds.window, keys=keys, missing="skip")
+    whole = npyfeed.WindowSource.dense(ds.factor_dir, ds.label_dir, ds.window, keys=[k for k in keys if k != "key02"])
+    assert dense.missing_keys == ("key02",) and len(dense) == len(whole)
+    ids = np.arange(len(whole))
+    for a, b in zip(dense.get(ids), whole.get(ids)):
+        assert np.array_equal(a, b)
     with pytest.raises(FileNotFoundError):
-        npyfeed.WindowSource(ds.index, tmp_path / "nowhere", ds.label_dir, 3)
+        npyfeed.WindowSource.dense(ds.factor_dir, ds.label_dir, ds.window, keys=keys)
+
+
+def test_missing_skip_with_no_key_left(tmp_path):
+    ds = many_keys_dataset(tmp_path, 2)
+    for k in range(2):
+        (ds.factor_dir / f"key{k:02d}.npy").unlink()
+    with pytest.raises(FileNotFoundError, match=r"2 of 2 keys.*no key is left"):
+        open_source(ds, "read", missing="skip")
 
 
 @pytest.mark.parametrize("which", ["factor", "label"])

@@ -59,8 +59,12 @@ WindowOptions window_options(std::int64_t window, const std::string& dtype, cons
                              const std::string& mode, std::size_t threads, std::size_t max_header_size,
                              const Placement& placement, const std::string& npz_member = "",
                              std::uint64_t npz_memory_limit = 0, const py::object& transform = py::none(),
-                             std::optional<std::pair<std::int64_t, std::int64_t>> dense = std::nullopt) {
+                             std::optional<std::pair<std::int64_t, std::int64_t>> dense = std::nullopt,
+                             const std::string& missing = "error") {
+  if (missing != "error" && missing != "skip")
+    throw InvalidArgument("missing must be 'error' or 'skip', not '" + missing + "'");
   WindowOptions o;
+  o.skip_missing = missing == "skip";
   o.transform = transform_options(transform);
   if (dense) o.dense = DenseOptions{dense->first, dense->second};  // (stride, horizon)
   o.window = window;
@@ -75,17 +79,15 @@ WindowOptions window_options(std::int64_t window, const std::string& dtype, cons
   return o;
 }
 
-std::shared_ptr<WindowSource> open_window_files(SampleIndex& index, const std::vector<std::string>& factor_paths,
-                                                const std::vector<std::string>& label_paths, std::int64_t window,
-                                                const std::string& dtype, const std::string& bounds,
-                                                const std::string& mode, std::size_t threads,
-                                                std::size_t max_header_size, const Placement& placement,
-                                                const std::string& npz_member, std::uint64_t npz_memory_limit,
-                                                const py::object& transform,
-                                                std::optional<std::pair<std::int64_t, std::int64_t>> dense) {
-  auto source =
-      std::make_shared<WindowSource>(index, window_options(window, dtype, bounds, mode, threads, max_header_size,
-                                                           placement, npz_member, npz_memory_limit, transform, dense));
+std::shared_ptr<WindowSource> open_window_files(
+    SampleIndex& index, const std::vector<std::string>& factor_paths, const std::vector<std::string>& label_paths,
+    std::int64_t window, const std::string& dtype, const std::string& bounds, const std::string& mode,
+    std::size_t threads, std::size_t max_header_size, const Placement& placement, const std::string& npz_member,
+    std::uint64_t npz_memory_limit, const py::object& transform,
+    std::optional<std::pair<std::int64_t, std::int64_t>> dense, const std::string& missing) {
+  auto source = std::make_shared<WindowSource>(
+      index, window_options(window, dtype, bounds, mode, threads, max_header_size, placement, npz_member,
+                            npz_memory_limit, transform, dense, missing));
   wait_interruptibly(without_gil([&] {
     return source->start_open(shared_io_pool(0, placement), factor_paths, label_paths);  // checks the placement first
   }));
@@ -156,7 +158,47 @@ std::shared_ptr<WindowSource> window_source_from_arrays(SampleIndex& index, cons
 void bind_windows(py::module_& m) {
   py::class_<SampleIndex>(m, "SampleIndex")
       .def("__len__", &SampleIndex::size)
-      .def_property_readonly("keys", [](const SampleIndex& i) { return i.keys; });
+      .def_property_readonly("keys", [](const SampleIndex& i) { return i.keys; })
+      // (feature, label, key) as read-only int32/int32/uint32 views kept alive by the index (a feature or label
+      // of INT32_MIN is in the side table), then the side tables as (sample, value) int64 arrays of shape (n, 2).
+      .def("columns",
+           [](const py::object& self) {
+             const IndexColumns& c = self.cast<const SampleIndex&>().columns();
+             auto view = [&](auto span) {
+               using T = std::remove_cv_t<typename decltype(span)::element_type>;
+               py::array a(py::dtype::of<T>(), {static_cast<py::ssize_t>(span.size())}, {}, span.data(), self);
+               a.attr("setflags")(py::arg("write") = false);
+               return a;
+             };
+             auto wide = [](std::span<const WideValue> values) {
+               py::array_t<std::int64_t> a({static_cast<py::ssize_t>(values.size()), py::ssize_t{2}});
+               auto w = a.mutable_unchecked<2>();
+               for (std::size_t i = 0; i < values.size(); ++i) {
+                 w(static_cast<py::ssize_t>(i), 0) = static_cast<std::int64_t>(values[i].sample);
+                 w(static_cast<py::ssize_t>(i), 1) = values[i].value;
+               }
+               return a;
+             };
+             return py::make_tuple(view(c.feature), view(c.label), view(c.key), wide(c.wide_feature),
+                                   wide(c.wide_label));
+           })
+      .def("where", &SampleIndex::where, py::arg("sample"), py::call_guard<py::gil_scoped_release>());
+
+  // An index for checking: malformed lines (and files that are not text) left out and listed, as
+  // (index, [(path, line, why)], how many in all); at most `limit` lines are listed, and every file left out
+  // (line 0).
+  m.def(
+      "check_index_files",
+      [](const std::vector<std::string>& paths, std::size_t threads, std::size_t limit) {
+        IndexProblems problems;
+        problems.limit = limit;
+        SampleIndex index = without_gil([&] { return read_index_files(paths, threads, &problems); });
+        py::list listed;
+        for (const IndexLineProblem& p : problems.listed)
+          listed.append(py::make_tuple(os_text(p.path), p.line, os_text(p.why)));
+        return py::make_tuple(std::move(index), listed, problems.total);
+      },
+      py::arg("paths"), py::arg("threads"), py::arg("limit"));
 
   m.def(
       "load_index",
@@ -183,6 +225,8 @@ void bind_windows(py::module_& m) {
   py::class_<WindowSource, std::shared_ptr<WindowSource>>(m, "WindowSourceCore")
       .def("__len__", &WindowSource::size)
       .def_property_readonly("skipped", &WindowSource::skipped)
+      .def_property_readonly("missing_keys", &WindowSource::missing_keys)
+      .def_property_readonly("missing_samples", &WindowSource::missing_samples)
       .def_property_readonly("direct_fallbacks", &WindowSource::direct_fallbacks)
       .def_property_readonly("mapping_limit", &WindowSource::mapping_limit)
       .def_property_readonly("stats", &WindowSource::stats)
@@ -237,16 +281,17 @@ void bind_windows(py::module_& m) {
          std::int64_t window, const std::string& dtype, const std::string& bounds, const std::string& mode,
          std::size_t threads, std::size_t max_header_size, const std::vector<int>& cpus, std::optional<int> nice,
          std::optional<std::pair<int, int>> io_priority, const std::string& npz_member, std::uint64_t npz_memory_limit,
-         const py::object& transform, std::optional<std::pair<std::int64_t, std::int64_t>> dense) {
+         const py::object& transform, std::optional<std::pair<std::int64_t, std::int64_t>> dense,
+         const std::string& missing) {
         return open_window_files(index, factor_paths, label_paths, window, dtype, bounds, mode, threads,
                                  max_header_size, placement_of(cpus, nice, io_priority), npz_member, npz_memory_limit,
-                                 transform, dense);
+                                 transform, dense, missing);
       },
       py::arg("index"), py::arg("factor_paths"), py::arg("label_paths"), py::arg("window"), py::arg("dtype"),
       py::arg("bounds"), py::arg("mode"), py::arg("threads"), py::arg("max_header_size"),
       py::arg("cpus") = std::vector<int>(), py::arg("nice") = py::none(), py::arg("io_priority") = py::none(),
       py::arg("npz_member") = "", py::arg("npz_memory_limit") = 0, py::arg("transform") = py::none(),
-      py::arg("dense") = py::none());
+      py::arg("dense") = py::none(), py::arg("missing") = "error");
   m.def(
       "window_source_from_arrays",
       [](SampleIndex& index, const std::vector<py::array>& factors, const std::vector<py::array>& labels,

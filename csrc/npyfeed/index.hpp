@@ -106,9 +106,31 @@ struct IndexFileIdentity {
 /// Stats `path`. Throws OsError (ENOENT for a missing file).
 IndexFileIdentity index_file_identity(const std::string& path);
 
+/// A line of an index file that a collecting read (read_index_files with `problems`) left out, or a whole
+/// file it left out (line 0: a NUL byte, or more than kMostMalformedLinesPerChunk malformed lines in 1 MiB).
+struct IndexLineProblem {
+  std::string path;
+  std::uint64_t line = 0;  // 1-based
+  std::string why;         // what read_index_files would throw for it, without "path:line: "
+};
+
+/// What a collecting read left out: the first `limit` malformed lines in file and line order and every file left
+/// out whole (line 0), and how many problems in all.
+struct IndexProblems {
+  std::size_t limit = 1000;
+  std::vector<IndexLineProblem> listed;
+  std::uint64_t total = 0;
+};
+
+/// Malformed lines in one 1 MiB chunk beyond which a collecting read leaves the whole file out.
+inline constexpr std::size_t kMostMalformedLinesPerChunk = 10000;
+
 /// Reads and parses index files in order, in parallel chunks split at newlines, on up to `threads` threads.
-/// Throws OsError / InvalidArgument (the first malformed line, naming file and line).
-SampleIndex read_index_files(const std::vector<std::string>& paths, std::size_t threads = 1);
+/// Throws OsError / InvalidArgument (the first malformed line, naming file and line). With `problems`, malformed
+/// lines (and files that are not text) are left out and listed there instead (for checking an index: where()
+/// still names the right lines); an OsError (a file that cannot be read) is still thrown.
+SampleIndex read_index_files(const std::vector<std::string>& paths, std::size_t threads = 1,
+                             IndexProblems* problems = nullptr);
 
 /// An index from columns in memory (a list of (feature_index, label_index, key) tuples), named `name` in
 /// messages; entry i is "line" i + 1. Throws InvalidArgument for columns of different lengths.

@@ -57,6 +57,8 @@ struct WindowOptions {
   TransformOptions transform;
   /// Dense windows (dense_index.hpp) instead of the index's samples: the index then only names the keys.
   std::optional<DenseOptions> dense;
+  /// Keys without a factor or label file: an error (false), or left out with their samples (missing_keys()).
+  bool skip_missing = false;
 };
 
 /// Arrays that stand in for a source's own in one gather (shuffle="blocks": files read whole into memory).
@@ -88,12 +90,15 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   void set_memory_source(std::size_t key, bool label, std::shared_ptr<const void> owner, const std::byte* data,
                          std::vector<std::int64_t> shape, const std::string& typestr);
   /// Checks shapes, dtypes, the transform options against the rows (GatherTransform) and bounds (applying the
-  /// policy). Throws FileNotFoundError-like OsError for missing files (listing the first few), NpyFormatError,
-  /// InvalidArgument, IndexOutOfRange.
+  /// policy). Throws FileNotFoundError-like OsError for missing files (listing the first few; with skip_missing
+  /// only when every key lacks one), NpyFormatError, InvalidArgument, IndexOutOfRange.
   void finish_open();
 
   std::size_t size() const noexcept { return size_; }
   std::size_t skipped() const noexcept { return skipped_; }
+  /// With skip_missing: the keys left out for want of a file (ascending), and the samples they had.
+  const std::vector<std::size_t>& missing_keys() const noexcept { return missing_keys_; }
+  std::size_t missing_samples() const noexcept { return missing_samples_; }
   /// Per-sample shapes: (W, row shape...) and (label row shape...); a selected row is (columns,).
   std::vector<std::int64_t> x_shape() const;
   std::vector<std::int64_t> y_shape() const;
@@ -172,6 +177,8 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
   std::size_t size_ = 0;
   std::vector<std::uint64_t> dropped_;
   std::size_t skipped_ = 0;
+  std::vector<std::size_t> missing_keys_;  // skip_missing: keys without a file, read as arrays of 0 rows
+  std::size_t missing_samples_ = 0;
   std::uint64_t x_row_elems_ = 0;
   std::uint64_t y_row_elems_ = 0;
   std::vector<std::int64_t> x_row_shape_;  // of the arrays' rows

@@ -62,6 +62,14 @@ const char* parse_line(std::string_view line, std::int64_t& feature, std::int64_
   return nullptr;
 }
 
+// A malformed line a collecting parse left out: local line, why, and where the text and samples go on after it.
+struct BadLine {
+  std::uint64_t line;
+  std::string why;
+  std::size_t next_offset;  // in the file's text
+  std::size_t next_sample;  // chunk-local
+};
+
 // One chunk of one index file, parsed on its own: keys get chunk-local ids (in order of first appearance)
 // that are renumbered once all chunks are done.
 struct Chunk {
@@ -80,6 +88,10 @@ struct Chunk {
   std::string why_text;
   std::uint64_t error_line = 0;
   std::string_view error_text;
+  // A collecting parse: the malformed lines left out, and whether there were too many (the file is left out).
+  bool collect = false;
+  bool garbage = false;
+  std::vector<BadLine> bad;
 };
 
 std::int32_t narrow(std::int64_t v, std::size_t sample, std::vector<WideValue>& wide) {
@@ -111,11 +123,23 @@ void parse_chunk(std::string_view text, Chunk& c) {
     std::int64_t feature = 0, label = 0;
     std::string_view key;
     bool blank = false;
+    // Records a malformed line; true when the parse of this chunk stops there.
+    auto malformed = [&](const char* why, std::string why_text) {
+      if (!c.collect) {
+        c.why = why;
+        c.why_text = std::move(why_text);
+        c.error_line = c.lines;
+        c.error_text = trim(line);
+        return true;
+      }
+      if (c.bad.size() == kMostMalformedLinesPerChunk) return c.garbage = true;
+      c.bad.push_back({c.lines, *why ? std::string(why) : why_text, c.begin + pos, c.key.size()});
+      c.bad.back().why += " (line: '" + std::string(trim(line).substr(0, 80)) + "')";
+      return false;
+    };
     if (const char* why = parse_line(line, feature, label, key, blank)) {
-      c.why = why;
-      c.error_line = c.lines;
-      c.error_text = trim(line);
-      return;
+      if (malformed(why, "")) return;
+      continue;
     }
     if (blank) continue;
     std::uint32_t id;
@@ -125,11 +149,9 @@ void parse_chunk(std::string_view text, Chunk& c) {
       auto it = ids.find(key);
       if (it == ids.end()) {
         if (!key_names_a_file(key)) {
-          c.why = "";
-          c.why_text = "key '" + std::string(key) + "' cannot name a file (empty, '.', '..' or contains '/')";
-          c.error_line = c.lines;
-          c.error_text = trim(line);
-          return;
+          if (malformed("", "key '" + std::string(key) + "' cannot name a file (empty, '.', '..' or contains '/')"))
+            return;
+          continue;
         }
         id = static_cast<std::uint32_t>(c.keys.size());
         c.keys.push_back(key);
@@ -206,6 +228,33 @@ IndexColumns own(std::shared_ptr<OwnedColumns> owned, std::size_t n) {
   c.checkpoints = owned->checkpoints;
   c.owner = std::move(owned);
   return c;
+}
+
+// A collecting parse: lists the malformed lines (numbered) and the files left out whole, whose chunks are emptied;
+// the other chunks' malformed lines are then no error.
+void collect_problems(const std::vector<std::string>& paths, std::vector<Chunk>& chunks, IndexProblems& problems) {
+  auto add = [&](const std::string& path, std::uint64_t line, std::string why) {
+    ++problems.total;
+    if (problems.listed.size() < problems.limit || line == 0) problems.listed.push_back({path, line, std::move(why)});
+  };
+  std::vector<const char*> left_out(paths.size(), nullptr);
+  for (const Chunk& c : chunks) {
+    if (c.nul) left_out[c.file] = "NUL byte in index file (is it a text file?)";
+    if (c.garbage && left_out[c.file] == nullptr) left_out[c.file] = "too many malformed lines (is it an index file?)";
+  }
+  for (std::size_t f = 0; f < paths.size(); ++f) {
+    std::uint64_t line = 0;
+    for (Chunk& c : chunks) {
+      if (c.file != f) continue;
+      if (left_out[f] != nullptr) {
+        c = Chunk{.file = c.file, .begin = c.begin, .end = c.end};
+        continue;
+      }
+      for (const BadLine& b : c.bad) add(paths[f], line + b.line, b.why);
+      line += c.lines;
+    }
+    if (left_out[f] != nullptr) add(paths[f], 0, left_out[f]);
+  }
 }
 
 }  // namespace
@@ -340,7 +389,7 @@ IndexFileIdentity index_file_identity(const std::string& path) {
   return id;
 }
 
-SampleIndex read_index_files(const std::vector<std::string>& paths, std::size_t threads) {
+SampleIndex read_index_files(const std::vector<std::string>& paths, std::size_t threads, IndexProblems* problems) {
   // Map every file (the text stays in the page cache, not in this process's memory), then parse chunks.
   std::vector<std::shared_ptr<MappedFile>> maps;
   std::vector<std::string_view> texts;
@@ -351,9 +400,11 @@ SampleIndex read_index_files(const std::vector<std::string>& paths, std::size_t 
     texts.emplace_back(reinterpret_cast<const char*>(maps.back()->data()), maps.back()->size());
     split(texts.back(), f, chunks);
   }
+  for (Chunk& c : chunks) c.collect = problems != nullptr;
   parallel_for(chunks.size(), threads, [&](std::size_t i) { parse_chunk(texts[chunks[i].file], chunks[i]); });
 
   // The first error, in file order: a NUL byte anywhere in a file, else its first malformed line.
+  if (problems != nullptr) collect_problems(paths, chunks, *problems);
   std::size_t first = 0;
   for (std::size_t f = 0; f < paths.size(); ++f) {
     std::uint64_t line = 0;
@@ -413,6 +464,12 @@ SampleIndex read_index_files(const std::vector<std::string>& paths, std::size_t 
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     if (chunk_begin[i + 1] == chunk_begin[i]) continue;  // no samples: no checkpoint
     owned->checkpoints.push_back({chunk_begin[i], chunks[i].begin, chunks[i].first_line, chunks[i].file});
+    // A line left out is not a sample: where() counts on from after it.
+    for (const BadLine& b : chunks[i].bad) {
+      if (b.next_sample < chunk_begin[i + 1] - chunk_begin[i])
+        owned->checkpoints.push_back(
+            {chunk_begin[i] + b.next_sample, b.next_offset, chunks[i].first_line + b.line, chunks[i].file});
+    }
   }
   IndexColumns columns = own(std::move(owned), n);
   SampleIndex index(std::move(keys), paths, std::move(source_begin), std::vector<bool>(paths.size(), true),

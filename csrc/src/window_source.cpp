@@ -231,14 +231,31 @@ void WindowSource::finish_open() {
   for (const auto& e : open_errors_) {
     if (!e.empty()) missing.push_back(e);
   }
-  if (!missing.empty()) {
+  if (!missing.empty() && (!options_.skip_missing || missing.size() == index_.keys.size())) {
     std::string msg =
         std::to_string(missing.size()) + " of " + std::to_string(index_.keys.size()) + " keys have no data file: ";
     for (std::size_t i = 0; i < std::min<std::size_t>(missing.size(), 5); ++i) msg += (i ? "; " : "") + missing[i];
     if (missing.size() > 5) msg += "; ...";
+    msg += options_.skip_missing ? " (no key is left to read)"
+                                 : " (missing='skip' leaves such keys out, with their samples, and warns)";
     std::string first = missing[0].substr(missing[0].find(": ") + 2);
     first = first.substr(0, first.find(", "));
     throw OsError(ENOENT, first, msg);
+  }
+  // skip_missing: a key without a file reads as arrays of 0 rows shaped as the first whole key's (so the shape
+  // checks pass and a dense layout gives it no window); apply_bounds drops its samples.
+  missing_keys_.clear();
+  for (std::size_t k = 0, whole = 0; !missing.empty() && k < open_errors_.size(); ++k) {
+    if (open_errors_[k].empty()) continue;
+    while (!open_errors_[whole].empty()) ++whole;
+    missing_keys_.push_back(k);
+    for (int which = 0; which < 2; ++which) {
+      NpyHeader h = (which == 0 ? factors_[whole] : labels_[whole]).header();
+      h.shape[0] = 0;
+      h.nbytes = 0;
+      (which == 0 ? factors_[k] : labels_[k]).reader =
+          ArrayReader::in_memory(open_errors_[k], h, nullptr, nullptr, false);
+    }
   }
   if (index_.keys.empty()) {
     x_row_shape_.clear();
@@ -321,6 +338,7 @@ void WindowSource::finish_open() {
 void WindowSource::apply_bounds() {
   dropped_.clear();
   skipped_ = 0;
+  missing_samples_ = 0;
   const std::size_t n = index_.size();
   const std::size_t nkeys = index_.keys.size();
   std::vector<std::int64_t> key_rows(nkeys), key_label_rows(nkeys);
@@ -343,6 +361,11 @@ void WindowSource::apply_bounds() {
     if (f32 != SampleIndex::kWide && l32 != SampleIndex::kWide && f32 >= window_ - 1 && f32 < key_rows[key] &&
         l32 >= 0 && l32 < key_label_rows[key])
       continue;
+    if (!missing_keys_.empty() && std::binary_search(missing_keys_.begin(), missing_keys_.end(), key)) {
+      ++missing_samples_;
+      dropped_.push_back(i);
+      continue;
+    }
     const std::int64_t feature = index_.feature(i);
     const std::int64_t label = index_.label(i);
     const std::int64_t rows = key_rows[key];

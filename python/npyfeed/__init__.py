@@ -3,6 +3,7 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from ._core import ClosedError, FileChangedError, NpyFormatError
+from .index_check import IndexProblem, IndexReport, check_index
 from .loading import MODES, Header, load, load_factor_files, load_many, read_header
 from .plan import BatchIterator, Plan
 from .warm import DirectoryResidency, WarmReport, warm
@@ -38,6 +39,9 @@ __all__ = [
     "Plan",
     "BatchIterator",
     "BOUNDS",
+    "check_index",
+    "IndexReport",
+    "IndexProblem",
     "warm",
     "WarmReport",
     "DirectoryResidency",

@@ -14,12 +14,11 @@ the batches there.
 from __future__ import annotations
 
 import ctypes
-import os
 
 import numpy as np
 import tensorflow as tf
 
-from ._resources import available_memory
+from ._resources import available_memory, environment
 from .plan import shuffle_kind
 
 #: Share of the device's free memory (of the memory available, on the CPU) a pipeline may upload by default.
@@ -104,7 +103,7 @@ def _tensorflow_allocator(logical_index: int):
         except (ValueError, KeyError, RuntimeError):
             in_use = 0  # no allocator there yet: TensorFlow uses nothing
         growth = bool(tf.config.experimental.get_memory_growth(gpu)) or \
-            os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH", "").strip().lower() == "true"
+            (environment("TF_FORCE_GPU_ALLOW_GROWTH") or "").lower() == "true"
         return ordinal, in_use, growth, None if limit_mb is None else int(limit_mb) << 20
     return None
 

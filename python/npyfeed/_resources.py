@@ -1,7 +1,8 @@
-"""What npyfeed takes from this machine, resolved in one place: how many threads a call uses (argument, else
-NPYFEED_THREADS, else the CPUs given as ``cpus=``, else the CPUs we may run on), where they run (``cpus=``,
-``nice=``, ``io_priority=``: the placement of npyfeed's own pool threads, checked by the core), the cache folder,
-the memory available (cgroup-aware), and the largest ``.npy`` header accepted."""
+"""What npyfeed takes from this machine, resolved in one place: the environment variables it reads (`environment`,
+the one reader, and `ENVIRONMENT`, their table), how many threads a call uses (`thread_choice`: argument, else
+NPYFEED_THREADS, else the CPUs given as ``cpus=``, else this process's share of the CPUs it may run on), where they
+run (``cpus=``, ``nice=``, ``io_priority=``: the placement of npyfeed's own pool threads, checked by the core), the
+cache folder, the memory available (cgroup-aware), and the largest ``.npy`` header accepted."""
 
 from __future__ import annotations
 
@@ -19,28 +20,91 @@ MAX_HEADER_SIZE = 10000
 MAX_THREADS = 1024
 
 
-def resolve_threads(threads: int | None, cpus: list | None = None) -> int:
+#: Every environment variable npyfeed's Python package reads (through `environment`), and what it does; the
+#: C++ core reads the ``NPYFEED_*`` variables of its own switches (the table in docs/one-node.md lists both).
+ENVIRONMENT = {
+    "NPYFEED_THREADS": "threads of a call that gets no threads= (replaces the default share of the CPUs)",
+    "NPYFEED_CACHE_DIR": "npyfeed's cache folder (compiled indexes, warm locks)",
+    "XDG_CACHE_HOME": "the cache folder's parent when NPYFEED_CACHE_DIR is not set",
+    "NPYFEED_TF_OPS": "0: npyfeed.tf feeds through tf.numpy_function instead of its op library",
+    "TF_FORCE_GPU_ALLOW_GROWTH": "TensorFlow's own switch, read to know how much GPU memory TensorFlow takes",
+    "LOCAL_WORLD_SIZE": "processes on this node (torchrun): the default threads are the CPUs divided by it",
+    "SLURM_NTASKS_PER_NODE": "processes on this node (Slurm), where LOCAL_WORLD_SIZE is not set",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "processes on this node (Open MPI's mpirun), where neither of the above is set",
+}
+
+#: The variables that say how many processes share this node, in the order they are asked.
+PROCESSES_PER_NODE = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def environment(name: str) -> str | None:
+    """The value of environment variable `name`, stripped (None when unset or empty): the one place npyfeed's
+    Python code reads the environment. `name` must be listed in `ENVIRONMENT`."""
+    if name not in ENVIRONMENT:
+        raise KeyError(f"{name} is not in npyfeed's table of environment variables")
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def processes_per_node() -> tuple:
+    """(processes sharing this node, the variable that said so), or (1, None) where no launcher says. A value
+    that is not a positive integer is ignored (Slurm writes ``2(x3)`` for uneven nodes: the first number counts)."""
+    for name in PROCESSES_PER_NODE:
+        value = environment(name)
+        if value is None:
+            continue
+        digits = value.split("(", 1)[0].split(",", 1)[0].strip()
+        if digits.isdigit() and int(digits) >= 1:
+            return int(digits), name
+    return 1, None
+
+
+def node_cpus() -> tuple:
+    """(the CPUs this process may run on, the CPUs of the machine)."""
+    try:
+        mine = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        mine = os.cpu_count() or 1
+    return max(1, mine), max(1, os.cpu_count() or 1, mine)
+
+
+def thread_choice(threads: int | None, cpus: list | None = None) -> tuple:
+    """(threads, why): `threads` if given, else ``NPYFEED_THREADS``, else one per CPU of `cpus`, else this
+    process's share of the CPUs it may run on. The share: where a launcher says that P processes share the node
+    (`PROCESSES_PER_NODE`) and their affinities could not all be disjoint (P x the CPUs this process may use is
+    more than the machine's CPUs), the CPUs divided by P (at least 1); else all of them (a launcher that pinned
+    each process to its own slice has divided the node already)."""
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int):
             raise ArgumentTypeError(f"threads must be an int or None, not {type(threads).__name__}")
         if not 1 <= threads <= MAX_THREADS:
             raise ValueError(f"threads must be between 1 and {MAX_THREADS}, got {threads}")
-        return threads
-    env = os.environ.get("NPYFEED_THREADS", "").strip()
-    if env:
+        return threads, "threads="
+    env = environment("NPYFEED_THREADS")
+    if env is not None:
         try:
             value = int(env)
         except ValueError:
             raise ValueError(f"NPYFEED_THREADS must be a positive integer, got {env!r}") from None
         if not 1 <= value <= MAX_THREADS:
             raise ValueError(f"NPYFEED_THREADS must be an integer between 1 and {MAX_THREADS}, got {env!r}")
-        return value
+        return value, "NPYFEED_THREADS"
     if cpus:
-        return len(cpus)
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        return len(cpus), "one per CPU of cpus="
+    mine, machine = node_cpus()
+    processes, said_by = processes_per_node()
+    if processes > 1 and processes * mine > machine:
+        share = max(1, mine // processes)
+        return share, f"{mine} CPUs this process may use, shared by {processes} processes ({said_by}={processes})"
+    why = f"the {mine} CPUs this process may use"
+    if processes > 1:
+        why += f" (its own slice: {processes} processes by {said_by}, {machine} CPUs)"
+    return mine, why
+
+
+def resolve_threads(threads: int | None, cpus: list | None = None) -> int:
+    """The threads of a call: `thread_choice` without the reason."""
+    return thread_choice(threads, cpus)[0]
 
 
 #: IO priority classes (Linux ioprio): name -> class number.
@@ -86,10 +150,10 @@ def resolve_placement(cpus, nice, io_priority) -> dict:
 
 def cache_dir() -> Path:
     """npyfeed's cache folder: ``$NPYFEED_CACHE_DIR``, else ``$XDG_CACHE_HOME/npyfeed``, else ``~/.cache/npyfeed``."""
-    explicit = os.environ.get("NPYFEED_CACHE_DIR")
+    explicit = environment("NPYFEED_CACHE_DIR")
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = environment("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "npyfeed"
 
 

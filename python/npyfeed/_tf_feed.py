@@ -44,6 +44,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import _core
+from ._resources import environment
 
 log = logging.getLogger("npyfeed")
 
@@ -56,7 +57,7 @@ _ops_result: list = []  # [module or None] once tried
 def native_ops():
     """npyfeed's op library (``_tf_ops.so``), initialised with _core's feed table; None for the
     ``numpy_function`` fallback (``NPYFEED_TF_OPS=0``, or the library does not load: one warning says why)."""
-    if os.environ.get(_OPS_ENV, "1").strip() == "0":
+    if environment(_OPS_ENV) == "0":
         return None
     with _ops_lock:
         if not _ops_result:

@@ -8,6 +8,7 @@ values are checked once, by the C++ WindowSource.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Sequence
@@ -22,6 +23,8 @@ log = logging.getLogger("npyfeed")
 
 #: Policies for windows or label rows outside their arrays.
 BOUNDS = ("error", "skip", "pad")
+#: Policies for keys without a factor or label file.
+MISSING = ("error", "skip")
 
 
 # -- the arguments every constructor shares ---------------------------------------------------------------
@@ -90,6 +93,18 @@ def open_index(index, cache: bool, cache_dir, threads: int):
             isinstance(index, Sequence) and index and isinstance(index[0], (str, bytes, os.PathLike))):
         return load_index(index, cache, cache_dir, threads)
     return index_from_tuples(index), None, False
+
+
+def check_folders(factor_dir, label_dir) -> tuple:
+    """The two folders as paths; ``FileNotFoundError`` (or ``NotADirectoryError``) names one that is not a folder,
+    rather than every key's files as missing."""
+    folders = _fspath(factor_dir), _fspath(label_dir)
+    for what, folder in zip(("factor_dir", "label_dir"), folders):
+        if not os.path.isdir(folder):
+            if os.path.exists(folder):
+                raise NotADirectoryError(errno.ENOTDIR, f"{what} is not a folder", folder)
+            raise FileNotFoundError(errno.ENOENT, f"{what} does not exist (no key can have a file)", folder)
+    return folders
 
 
 # -- the keys of a dense source ------------------------------------------------------------------------------

@@ -4,6 +4,10 @@
 archives the zip directory and every member's header; with ``--data`` every byte, and every member's CRC-32) in parallel, before a multi-day job finds a bad one. Exit status: 0 when every file is good, 1 when any
 is bad (or none was found), 2 for a usage error, 130 when interrupted.
 
+``npyfeed scan FACTOR_DIR LABEL_DIR --index INDEX... --window W`` checks index files against those folders
+(``npyfeed.check_index``) and lists every problem with its file and line. Exit status: 0 when there is no error
+(warnings: duplicate lines, mixed dtypes), 1 on an error, 2 for a usage error.
+
 ``npyfeed warm PATH...`` brings a data set into the page cache once per node (``npyfeed.warm``) and prints its
 residency per directory; ``--check`` only reports.
 
@@ -103,8 +107,26 @@ def _add_scan_parser(sub) -> None:
                     "to directories are not followed): magic, version, header, dtype (object arrays are bad), "
                     "and that the file holds all the data its header promises. Files given by name are checked "
                     "whatever their extension.",
-        epilog="Exit status: 0 all files good, 1 some file bad or no .npy file found, 2 usage error.")
-    p.add_argument("paths", nargs="+", metavar="PATH", help="a .npy file or a directory to search")
+        epilog="With --index: check index files against FACTOR_DIR and LABEL_DIR instead (the two PATHs), as "
+               "WindowSource would open them, and list every problem with its index file and line: malformed "
+               "lines (a header line), keys without files, unreadable files, rows of other shapes, factor and "
+               "label files of different lengths, windows and label rows outside their files; warnings for "
+               "duplicate lines and for files of a dtype other than most. "
+               "Exit status: 0 all files good (with --index: no error), 1 some file bad or no .npy file found "
+               "(with --index: an error), 2 usage error.")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="a .npy file or a directory to search; with --index, FACTOR_DIR LABEL_DIR")
+    p.add_argument("--index", nargs="+", metavar="INDEX", default=None,
+                   help="index file(s) of feature_index,label_index,key lines to check against FACTOR_DIR LABEL_DIR")
+    p.add_argument("--window", type=_positive_int, default=None, help="with --index: rows per sample, W (required)")
+    p.add_argument("--bounds", choices=("error", "skip", "pad"), default="error",
+                   help="with --index: lines outside their files are errors, or warnings (skip, pad) as the "
+                        "source's bounds= (default error)")
+    p.add_argument("--missing", choices=("error", "skip"), default="error",
+                   help="with --index: keys without files are errors, or warnings (skip) as the source's missing= "
+                        "(default error)")
+    p.add_argument("--limit", type=_positive_int, default=20,
+                   help="with --index: most problems listed per kind (all are counted; default 20)")
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="threads (default: 4 per CPU, at most 64, for the headers; NPYFEED_THREADS or the CPUs "
                         "for the --data reads)")
@@ -466,7 +488,27 @@ def _print_summary(report: _Report, data: bool, quiet: bool) -> None:
             print(f"  {display_path(path)}: {report.bad[path]}")
 
 
+def _scan_index(args) -> int:
+    from .index_check import check_index
+
+    if len(args.paths) != 2 or args.window is None or args.data:
+        print("npyfeed scan: --index takes two paths, FACTOR_DIR LABEL_DIR, and --window W (and no --data)",
+              file=sys.stderr)
+        return 2
+    try:
+        report = check_index(args.index, args.paths[0], args.paths[1], args.window, bounds=args.bounds,
+                             missing=args.missing, max_header_size=args.max_header_size, threads=args.threads,
+                             limit=args.limit)
+    except (OSError, ValueError) as e:
+        print(f"npyfeed scan: {_error_text(e)}", file=sys.stderr)
+        return 1
+    print(report.format())
+    return 0 if report.ok else 1
+
+
 def _scan(args) -> int:
+    if args.index is not None:
+        return _scan_index(args)
     report = _Report()
     report.files = find_npy_files(args.paths, report)
     if report.files:

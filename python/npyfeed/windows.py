@@ -15,11 +15,13 @@ import numpy as np
 
 from . import _checks, _core
 from . import stats as _stats
-from ._resources import MAX_HEADER_SIZE, available_memory, default_npz_memory_limit, resolve_placement, resolve_threads
+from ._resources import MAX_HEADER_SIZE, available_memory, default_npz_memory_limit, resolve_placement, thread_choice
 from ._transform import transform_spec
 from ._window_inputs import (
     BOUNDS,
+    MISSING,
     check_common,
+    check_folders,
     check_keys,
     dense_keys,
     dtype_name,
@@ -29,7 +31,7 @@ from ._window_inputs import (
     load_index,
     open_index,
 )
-from .loading import _fspath, _native, _resolve_mode
+from .loading import _native, _resolve_mode
 from .plan import DEFAULT_MEMORY_BUDGET, BatchIterator, Plan, shuffle_kind
 
 log = logging.getLogger("npyfeed")
@@ -55,7 +57,11 @@ class WindowSource:
         is ``"read"``): zero-copy from the page cache, which all processes on the machine share. ``"read"``
         and ``"direct"`` read only the rows a batch needs.
     threads : int, optional
-        Gather threads (default ``NPYFEED_THREADS`` or the CPUs this process may use). With
+        Gather threads. Default: ``NPYFEED_THREADS``, else one per CPU of `cpus`, else this process's share of
+        the CPUs it may use (``os.sched_getaffinity``): where the launcher says how many processes share the
+        node (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``, ``OMPI_COMM_WORLD_LOCAL_SIZE``) and has not
+        pinned each to a slice of its own, those CPUs divided by that number (at least 1). ``describe()`` says
+        what was chosen and why. With
         ``mode="direct"`` each thread keeps 4 reads in flight (4 x `threads` pool workers), since O_DIRECT
         workers mostly wait for the device. Where the files are not in the page cache (and always in mode
         ``"direct"``), the open reads their headers at least 16 at a time, whatever ``threads``: each waits
@@ -66,6 +72,12 @@ class WindowSource:
         Windows starting before row 0 or ending past the last row, and label rows outside the label array:
         raise ``IndexError`` naming file, line, key and rows (default), drop them (see `skipped`), or read
         the missing rows as zeros.
+    missing : {"error", "skip"}
+        Keys whose factor or label file is missing (neither ``<k>.npy`` nor ``<k>.npz``): raise
+        ``FileNotFoundError`` listing the first few (default), or leave them out with all their samples and log
+        one warning (``npyfeed`` logger) counting them (see `missing_keys`); a data set refreshed overnight
+        that lost a stock then still trains. A `factor_dir` or `label_dir` that does not exist is an error
+        either way, and so is a source left with no key.
     max_header_size : int
         Largest `.npy` header accepted.
     cpus : iterable of int, optional
@@ -117,7 +129,8 @@ class WindowSource:
     Raises
     ------
     FileNotFoundError
-        Keys whose factor or label file is missing (the first few are listed).
+        A `factor_dir` or `label_dir` that does not exist (naming it); with ``missing="error"``, keys whose
+        factor or label file is missing (the first few are listed).
     ValueError
         A malformed index line (file and line named), files whose row shapes differ, bad arguments (`cpus`
         this process cannot use among them; a column of `features` or `label_columns` out of range; a `mean`
@@ -145,40 +158,50 @@ class WindowSource:
     """
 
     def __init__(self, index_files, factor_dir, label_dir, window: int, *, mode: str = "auto",
-                 threads: int | None = None, dtype="float32", bounds: str = "error", max_header_size: int = MAX_HEADER_SIZE,
-                 cpus=None, nice: int | None = None, io_priority=None, cache: bool = True, cache_dir=None,
+                 threads: int | None = None, dtype="float32", bounds: str = "error", missing: str = "error",
+                 max_header_size: int = MAX_HEADER_SIZE, cpus=None, nice: int | None = None, io_priority=None, cache: bool = True, cache_dir=None,
                  member: str | None = None, npz_memory_limit: int | None = None, features=None,
                  label_columns=None, nan: float | None = None, posinf: float | None = None,
                  neginf: float | None = None, normalize=None):
         window, out_dtype = check_common(window, dtype, bounds)
         transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
         placement = resolve_placement(cpus, nice, io_priority)
-        nthreads = resolve_threads(threads, placement.get("cpus"))
+        nthreads, why = thread_choice(threads, placement.get("cpus"))
         index, index_cache, built = load_index(index_files, cache, cache_dir, nthreads)
+        factor_dir, label_dir = check_folders(factor_dir, label_dir)  # after the index: its errors come first
         self._open_files(index, factor_dir, label_dir, window, out_dtype, bounds, mode, nthreads, placement,
-                         max_header_size, member, npz_memory_limit, transform)
+                         max_header_size, member, npz_memory_limit, transform, missing=missing)
         self._index_cache, self._index_built = index_cache, built
+        self._threads_why = why
 
     def _open_files(self, index, factor_dir, label_dir, window, out_dtype, bounds, mode, nthreads, placement,
-                    max_header_size, member, npz_memory_limit, transform, dense=None) -> None:
+                    max_header_size, member, npz_memory_limit, transform, dense=None, missing="error") -> None:
         core_mode = _resolve_mode(mode, auto="mmap")
-        factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
+        if not isinstance(missing, str):
+            raise _checks.ArgumentTypeError(f"missing must be one of {MISSING}, got {missing!r}")
         keys = index.keys
         factor_paths, label_paths = key_files(factor_dir, keys), key_files(label_dir, keys)
         core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, dtype_name(out_dtype), bounds, core_mode,
                                        nthreads, max_header_size, **placement, npz_member=member or "",
                                        npz_memory_limit=npz_memory_limit or default_npz_memory_limit(),
-                                       transform=transform, dense=dense)
+                                       transform=transform, dense=dense, missing=missing)
         self._init(core, index, window, out_dtype, core_mode, nthreads, bounds)
         self._member = member
         self._transform = transform
-        self._files = files_read(factor_paths + label_paths)
+        gone = set(core.missing_keys)
+        kept = [k for k in range(len(keys)) if k not in gone]
+        self._files = files_read([factor_paths[k] for k in kept] + [label_paths[k] for k in kept])
+        if gone:
+            names = [keys[k] for k in sorted(gone)]
+            log.warning("npyfeed: %d of %d keys have no factor or label file and are left out (missing='skip'), "
+                        "with their %d samples: %s%s", len(names), len(keys), core.missing_samples,
+                        ", ".join(repr(k) for k in names[:5]), ", ..." if len(names) > 5 else "")
         self._warn_direct_fallback()
 
     @classmethod
     def dense(cls, factor_dir, label_dir, window: int, *, stride: int = 1, horizon: int = 0, keys=None,
-              mode: str = "auto", threads: int | None = None, dtype="float32", max_header_size: int = MAX_HEADER_SIZE,
-              cpus=None, nice: int | None = None, io_priority=None, member: str | None = None,
+              mode: str = "auto", threads: int | None = None, dtype="float32", missing: str = "error",
+              max_header_size: int = MAX_HEADER_SIZE, cpus=None, nice: int | None = None, io_priority=None, member: str | None = None,
               npz_memory_limit: int | None = None, features=None, label_columns=None, nan: float | None = None,
               posinf: float | None = None, neginf: float | None = None, normalize=None) -> WindowSource:
         """Every window of every key, without an index file.
@@ -203,8 +226,9 @@ class WindowSource:
         keys : sequence of str, optional
             The keys to read, in this order. Default: every ``<k>.npy`` or ``<k>.npz`` in `factor_dir` that has a
             label file in `label_dir`, sorted by name.
-        mode, threads, dtype, max_header_size, cpus, nice, io_priority, member, npz_memory_limit
-            As for `WindowSource` (there is no `bounds`: every window lies inside its arrays).
+        mode, threads, dtype, missing, max_header_size, cpus, nice, io_priority, member, npz_memory_limit
+            As for `WindowSource` (there is no `bounds`: every window lies inside its arrays; `missing` matters
+            only for `keys` given).
         features, label_columns, nan, posinf, neginf, normalize
             As for `WindowSource`.
 
@@ -229,13 +253,14 @@ class WindowSource:
                 raise _checks.ArgumentTypeError(f"{name} must be an integer, got {value!r}")
         transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
         placement = resolve_placement(cpus, nice, io_priority)
-        nthreads = resolve_threads(threads, placement.get("cpus"))
-        factor_dir, label_dir = _fspath(factor_dir), _fspath(label_dir)
+        nthreads, why = thread_choice(threads, placement.get("cpus"))
+        factor_dir, label_dir = check_folders(factor_dir, label_dir)
         keys = dense_keys(factor_dir, label_dir) if keys is None else check_keys(keys)
         self = cls.__new__(cls)
         self._open_files(_core.dense_index(keys, factor_dir), factor_dir, label_dir, window, out_dtype, "error",
                          mode, nthreads, placement, max_header_size, member, npz_memory_limit, transform,
-                         dense=(int(stride), int(horizon)))
+                         dense=(int(stride), int(horizon)), missing=missing)
+        self._threads_why = why
         return self
 
     @classmethod
@@ -272,7 +297,7 @@ class WindowSource:
         window, out_dtype = check_common(window, dtype, bounds)
         transform = transform_spec(features, label_columns, nan, posinf, neginf, normalize)
         placement = resolve_placement(cpus, nice, io_priority)
-        nthreads = resolve_threads(threads, placement.get("cpus"))
+        nthreads, why = thread_choice(threads, placement.get("cpus"))
         core_index, index_cache, built = open_index(index, cache, cache_dir, nthreads)
         factor_arrays, label_arrays = key_arrays(core_index.keys, factors, labels)
         # The core reads these arrays in place and keeps them alive itself, as long as it needs them.
@@ -284,6 +309,7 @@ class WindowSource:
         self._transform = transform
         self._arrays = (factor_arrays, label_arrays)  # already kept alive by the core: no copy
         self._index_cache, self._index_built = index_cache, built
+        self._threads_why = why
         return self
 
     def _init(self, core, index, window, dtype, mode, threads, bounds):
@@ -303,6 +329,7 @@ class WindowSource:
         self.dtype = dtype
         self.mode = mode
         self.threads = threads
+        self._threads_why = ""  # what chose `threads` (thread_choice), for describe()
 
     # -- description ---------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -387,6 +414,13 @@ class WindowSource:
         return self._core.skipped
 
     @property
+    def missing_keys(self) -> tuple:
+        """Keys left out by ``missing="skip"`` (no factor or label file), in `keys` order; their samples are not
+        among this source's. Empty when every key has its files."""
+        keys = self._index.keys
+        return tuple(keys[k] for k in self._core.missing_keys)
+
+    @property
     def x_shape(self) -> tuple:
         """Shape of one sample's features: ``(W, F, ...)``."""
         return tuple(self._core.x_shape)
@@ -396,15 +430,35 @@ class WindowSource:
         """Shape of one sample's label: ``(L, ...)`` (``()`` for 1-d label files)."""
         return tuple(self._core.y_shape)
 
-    def describe(self, sample: int) -> str:
-        """Where sample `sample` comes from: index file, line, key, feature and label index.
+    def describe(self, sample: int | None = None) -> str:
+        """Where sample `sample` comes from: index file, line, key, feature and label index. Without `sample`,
+        the source itself: samples, keys, shapes, mode, the samples and keys left out, and the gather threads
+        with the reason for their number (an argument, ``NPYFEED_THREADS``, `cpus`, or this process's share
+        of the node's CPUs).
 
         Raises ``IndexError`` for samples outside ``[0, len(self))``.
         """
+        if sample is None:
+            return self._summary()
         sample = int(sample)
         if not 0 <= sample < len(self):
             raise IndexError(f"sample {sample} out of range for {len(self)} samples")
         return self._core.describe(sample)
+
+    def _summary(self) -> str:
+        keys = len(self._index.keys)
+        lines = [f"{len(self)} samples of {keys} keys, x {self.x_shape} y {self.y_shape} {self.dtype}, "
+                 f"mode={self.mode!r}"]
+        if self.skipped:
+            lines.append(f"left out: {self.skipped} samples outside their arrays (bounds='skip')")
+        missing = self.missing_keys
+        if missing:
+            shown = ", ".join(repr(k) for k in missing[:5]) + (", ..." if len(missing) > 5 else "")
+            lines.append(f"left out: {len(missing)} of {keys} keys without a file, with their "
+                         f"{self._core.missing_samples} samples (missing='skip'): {shown}")
+        why = f" ({self._threads_why})" if self._threads_why else ""
+        lines.append(f"threads: {self.threads}{why}")
+        return "\n".join(lines)
 
     def __repr__(self) -> str:
         return (f"WindowSource({len(self)} samples, {len(self._index.keys)} keys, x {self.x_shape}, y {self.y_shape}, "
