@@ -247,6 +247,7 @@ def _steps(run, name: str) -> list:
     return [run[f"{name}/{i}"] for i in range(int(run[f"{name}/n"]))]
 
 
+@pytest.mark.slow  # two TensorFlow processes per path: 25-35 s on 2 busy cores
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_resumed_fit_reads_what_an_uninterrupted_one_reads(src, job, name):
     first, second = job
