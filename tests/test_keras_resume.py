@@ -89,6 +89,19 @@ def test_keras_epoch_and_first_step_set_the_next_pass(src, nftf, gather):
     _assert_reads([x.numpy() for x, _ in ds.take(2)], _oracle(src, 6)[:2])
 
 
+def test_a_pass_starts_when_it_is_read_not_when_its_iterator_is_made(src, nftf):
+    # tf.keras 2 makes an epoch's iterator (and one more, never read) before on_epoch_begin: the pass must start at
+    # its first batch, where the callback has set it by then (a fallback that started it at iter() read epochs
+    # 1, 2, ... in an uninterrupted fit).
+    ds = nftf.dataset(src, BATCH, **KW)
+    unread = iter(ds)
+    it = iter(ds)
+    nftf.EpochCallback(ds).on_epoch_begin(5)
+    _assert_reads([x.numpy() for x, _ in it], _oracle(src, 5))
+    _assert_reads([x.numpy() for x, _ in ds], _oracle(src, 6))
+    del unread
+
+
 def test_tf_epoch_callback_refuses_what_it_cannot_follow(src, nftf):
     ds = nftf.dataset(src, BATCH, **KW)
     for other in (ds.repeat(), ds.map(lambda x, y: (x, y)), src):
