@@ -7,11 +7,18 @@ not (TensorFlow >= 2.16). ``.ci/run`` runs it in its floor environment (TensorFl
 The Estimator trains a linear model for one pass (graph mode, ``tf.compat.v1`` sessions, ``from_generator`` in a
 graph), which must lower its evaluation loss, and predicts with an identity head, whose outputs must equal numpy
 slicing of the files, sample by sample, in index order.
+
+Resume: a job with ``tf.data.experimental.CheckpointInputPipelineHook`` over ``npyfeed.tf.dataset(...).repeat()``,
+preempted between two checkpoints (its process ends) and run again in a new process, continues with exactly the
+batch after the restored checkpoint, across the epochs (native ops and fallback).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 
 import npyfeed
 import numpy as np
@@ -104,3 +111,88 @@ def test_estimator_trains_and_predicts_from_npyfeed_dataset(tf, users_layout, tm
     weights = estimator.get_variable_value("w")
     np.testing.assert_allclose(np.stack([p["prediction"] for p in predictions]),
                                expected_x.reshape(len(expected_x), -1) @ weights, rtol=1e-4, atol=1e-4)
+
+
+# An Estimator preempted and run again: tf.data.experimental.CheckpointInputPipelineHook saves the iterator with
+# the model's checkpoints (every SAVE_STEPS steps), and a new process restores both and continues with exactly
+# the next batch of the stream (the one after the checkpoint), across the epochs of repeat().
+SAVE_STEPS = 3
+PREEMPTED_AFTER = 8  # steps
+MAX_STEPS = 2 * -(-KEYS * (ROWS - WINDOW + 1) // BATCH) + 2  # into the third epoch
+
+_PREEMPTED_JOB = f"""
+import os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+import numpy as np
+import tensorflow as tf
+import npyfeed, npyfeed.tf
+from test_estimator import _model_fn
+
+root, model_dir, run = sys.argv[1], sys.argv[2], sys.argv[3]
+seen = []
+
+
+class Record(tf.estimator.SessionRunHook):
+    # The batch each step trains on; the first run is preempted (the process ends) after {PREEMPTED_AFTER} steps.
+    def begin(self):
+        self.x = tf.compat.v1.get_collection("npyfeed_x")[0]
+
+    def before_run(self, run_context):
+        return tf.estimator.SessionRunArgs(self.x)
+
+    def after_run(self, run_context, run_values):
+        seen.append(run_values.results)
+        if run == "1" and len(seen) == {PREEMPTED_AFTER}:
+            save()
+            os._exit(3)
+
+
+def save():
+    np.savez(os.path.join(model_dir, "run" + run + ".npz"), *seen)
+
+
+def model_fn(features, labels, mode):
+    tf.compat.v1.add_to_collection("npyfeed_x", features)
+    return _model_fn(features, labels, mode)
+
+
+def input_fn():
+    src = npyfeed.WindowSource([os.path.join(root, "train.txt")], os.path.join(root, "factor"),
+                               os.path.join(root, "label"), window={WINDOW})
+    return npyfeed.tf.dataset(src, {BATCH}, shuffle=True, seed=0).repeat()
+
+
+config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=0, save_checkpoints_steps={SAVE_STEPS})
+estimator = tf.estimator.Estimator(model_fn, config=config)
+estimator.train(input_fn, max_steps={MAX_STEPS},
+                hooks=[tf.data.experimental.CheckpointInputPipelineHook(estimator), Record()])
+save()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("path", ["native", "numpy_function"])
+def test_checkpoint_input_pipeline_hook_resumes_at_the_next_batch(tf, users_layout, tmp_path, path):
+    root, _, _ = users_layout
+    model_dir = tmp_path / "model"
+    env = dict(os.environ, NPYFEED_TF_OPS="1" if path == "native" else "0", CUDA_VISIBLE_DEVICES="")
+
+    def run(number: str, status: int) -> list:
+        proc = subprocess.run([sys.executable, "-c", _PREEMPTED_JOB, str(root), str(model_dir), number],
+                              capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == status, proc.stdout + proc.stderr[-4000:]
+        with np.load(model_dir / f"run{number}.npz") as steps:
+            return [steps[f"arr_{i}"] for i in range(len(steps.files))]
+
+    first = run("1", 3)  # preempted: the process ends after PREEMPTED_AFTER steps
+    saved_step = int(tf.train.load_variable(str(model_dir), "global_step"))
+    assert 0 < saved_step < PREEMPTED_AFTER  # the latest checkpoint is before the preemption
+    second = run("2", 0)
+
+    src = npyfeed.WindowSource([root / "train.txt"], root / "factor", root / "label", window=WINDOW)
+    stream = [x for epoch in range(3) for x, _ in src.batches(BATCH, shuffle=True, seed=0, epoch=epoch)]
+    assert len(first) == PREEMPTED_AFTER and len(second) == MAX_STEPS - saved_step
+    # The first run reads the stream from its start; the second one from the batch after the checkpoint on.
+    for got, expected in zip(first + second, stream[:PREEMPTED_AFTER] + stream[saved_step:MAX_STEPS]):
+        np.testing.assert_array_equal(got, expected, strict=True)

@@ -154,7 +154,7 @@ def test_element_spec_and_cardinality(tf, data, dtype, drop_remainder):
 
 def test_lazy_attribute_is_the_submodule(tf):
     assert npyfeed.tf is sys.modules["npyfeed.tf"]
-    assert npyfeed.tf.__all__ == ["dataset", "StatsCallback"]
+    assert npyfeed.tf.__all__ == ["dataset", "EpochCallback", "StatsCallback"]
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["in_order", "shuffled"])

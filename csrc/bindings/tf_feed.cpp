@@ -20,14 +20,16 @@ namespace {
 class TfFeedHandle {
  public:
   TfFeedHandle(std::shared_ptr<TfFeed> feed, std::int64_t first_epoch)
-      : id_(register_tf_feed(std::move(feed), first_epoch)) {}
+      : feed_(feed), id_(register_tf_feed(std::move(feed), first_epoch)) {}
   ~TfFeedHandle() { close(); }
   TfFeedHandle(const TfFeedHandle&) = delete;
   TfFeedHandle& operator=(const TfFeedHandle&) = delete;
   std::int64_t id() const noexcept { return id_; }
+  void set_next_pass(std::int64_t epoch, std::int64_t batch) { feed_->set_next_pass(epoch, batch); }
   void close() { unregister_tf_feed(id_); }
 
  private:
+  std::shared_ptr<TfFeed> feed_;
   std::int64_t id_;
 };
 
@@ -42,6 +44,8 @@ void bind_tf_feed(py::module_& m) {
   py::class_<TfFeedHandle>(m, "TfFeed")
       .def(py::init(&make_handle), py::arg("plan"), py::arg("first_epoch"), py::arg("device_rows") = nullptr)
       .def_property_readonly("id", &TfFeedHandle::id)
+      .def("set_next_pass", &TfFeedHandle::set_next_pass, py::arg("epoch"), py::arg("batch"),
+           "The next pass over the dataset starts at batch `batch` of epoch `epoch`; the one after it at epoch + 1.")
       .def("close", &TfFeedHandle::close);
   m.attr("TF_FEED_ABI_VERSION") = NPYFEED_TF_FEED_ABI_VERSION;
   m.def(

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -34,11 +35,21 @@ class TfFeed {
   /// The device rows, or null (gather="host").
   const DeviceRows* device() const noexcept { return device_.get(); }
 
-  /// The epoch of the next pass (each call a new one, from `first_epoch` on).
-  std::int64_t next_epoch() { return next_epoch_.fetch_add(1); }
+  /// Where a pass over the dataset starts: an epoch and its first batch.
+  struct Pass {
+    std::int64_t epoch;
+    std::int64_t batch;
+  };
+  /// Where the next pass starts (each call starts one): where `set_next_pass` put it, else at the first batch
+  /// of the epoch after the last pass's (from `first_epoch` on).
+  Pass next_pass();
+  /// The next pass starts at batch `batch` of epoch `epoch` (a framework's epoch, restored mid-way or not), and
+  /// the one after it at epoch `epoch + 1`. Throws InvalidArgument unless 0 <= epoch < 2**62 and
+  /// 0 <= batch < num_batches().
+  void set_next_pass(std::int64_t epoch, std::int64_t batch);
   /// A pass of epoch `epoch` was seen (a restored iterator): the next pass comes after it.
   void seen_epoch(std::int64_t epoch);
-  void set_first_epoch(std::int64_t epoch) { next_epoch_.store(epoch); }
+  void set_first_epoch(std::int64_t epoch);
   /// After close(), calls fail with CANCELLED; one waiting for its batch stops waiting (the plan's close()).
   bool closed() const { return closed_.load(); }
   void close() {
@@ -49,7 +60,8 @@ class TfFeed {
  private:
   std::shared_ptr<EpochPlan> plan_;
   std::shared_ptr<const DeviceRows> device_;
-  std::atomic<std::int64_t> next_epoch_{0};
+  std::mutex pass_mutex_;  // guards next_: a pass starts rarely (once per epoch)
+  Pass next_{0, 0};
   std::atomic<bool> closed_{false};
 };
 

@@ -126,9 +126,11 @@ extern "C" int abi_ids(int64_t id, uint64_t epoch, uint64_t batch, const int64_t
   });
 }
 
-extern "C" int abi_next_epoch(int64_t id, int64_t* out) {
+extern "C" int abi_next_pass(int64_t id, int64_t* epoch, int64_t* batch) {
   return with_feed(id, [&](TfFeed& feed) {
-    *out = feed.next_epoch();
+    const TfFeed::Pass pass = feed.next_pass();
+    *epoch = pass.epoch;
+    *batch = pass.batch;
     return static_cast<int>(kOk);
   });
 }
@@ -198,7 +200,7 @@ const NpyfeedTfFeedApi kApi = {
     sizeof(NpyfeedTfFeedApi),
     abi_take,
     abi_ids,
-    abi_next_epoch,
+    abi_next_pass,
     abi_seen_epoch,
     abi_release,
     abi_last_error,
@@ -209,10 +211,35 @@ const NpyfeedTfFeedApi kApi = {
 
 }  // namespace
 
-void TfFeed::seen_epoch(std::int64_t epoch) {
-  std::int64_t next = next_epoch_.load();
-  while (next <= epoch && !next_epoch_.compare_exchange_weak(next, epoch + 1)) {
+TfFeed::Pass TfFeed::next_pass() {
+  std::lock_guard lock(pass_mutex_);
+  const Pass pass = next_;
+  next_ = {pass.epoch + 1, 0};
+  return pass;
+}
+
+void TfFeed::set_next_pass(std::int64_t epoch, std::int64_t batch) {
+  constexpr std::int64_t kEpochLimit = std::int64_t{1} << 62;  // npyfeed's epochs: [0, 2**62), as everywhere
+  if (epoch < 0 || epoch >= kEpochLimit) {
+    throw InvalidArgument("npyfeed.tf: epoch " + std::to_string(epoch) + " is outside [0, 2**62)");
   }
+  const auto batches = static_cast<std::int64_t>(plan_->num_batches());
+  if (batch < 0 || batch >= batches) {
+    throw InvalidArgument("npyfeed.tf: batch " + std::to_string(batch) + " of an epoch of " + std::to_string(batches) +
+                          " batches");
+  }
+  std::lock_guard lock(pass_mutex_);
+  next_ = {epoch, batch};
+}
+
+void TfFeed::seen_epoch(std::int64_t epoch) {
+  std::lock_guard lock(pass_mutex_);
+  if (next_.epoch <= epoch) next_ = {epoch + 1, 0};
+}
+
+void TfFeed::set_first_epoch(std::int64_t epoch) {
+  std::lock_guard lock(pass_mutex_);
+  next_ = {epoch, 0};
 }
 
 std::int64_t register_tf_feed(std::shared_ptr<TfFeed> feed, std::int64_t first_epoch) {

@@ -6,8 +6,9 @@
 //   NpyfeedTake(feed, epoch, batch) -> x, y      batch b of epoch e; the tensors adopt npyfeed's aligned
 //                                                buffers (no copy), given back when TensorFlow lets go
 //   NpyfeedIds(feed, epoch, batch) -> ids        the sample ids of that batch, int64 [B]
-//   NpyfeedNextEpoch(feed, pass) -> epoch        the epoch of a new pass (`pass` is the pass's dataset
-//                                                element: an input that keeps the call from being folded)
+//   NpyfeedNextPass(feed, pass) -> epoch, batch  where a new pass starts: its epoch and first batch (`pass` is
+//                                                the pass's dataset element: an input that keeps the call
+//                                                from being folded)
 //   NpyfeedSeenEpoch(feed, epoch) -> epoch       a pass restored at `epoch`: the next pass comes after it
 //   NpyfeedStartRows(feed, epoch, batch)         gather="device", resident: that batch's start rows into the
 //     -> start, lo, hi, label                    arrays on the device, int64 [B] each
@@ -165,24 +166,25 @@ void compute_ids(void*, TF_OpKernelContext* ctx) {
   if (!status.ok()) TF_OpKernelContext_Failure(ctx, status.get());
 }
 
-// ---- NpyfeedNextEpoch, NpyfeedSeenEpoch
+// ---- NpyfeedNextPass, NpyfeedSeenEpoch
 
-bool set_scalar_output(TF_OpKernelContext* ctx, int64_t value) {
+bool set_scalar_output(TF_OpKernelContext* ctx, int64_t value, int index = 0) {
   Status status;
-  TF_Tensor* t = TF_AllocateOutput(ctx, 0, TF_INT64, nullptr, 0, sizeof(int64_t), status.get());
+  TF_Tensor* t = TF_AllocateOutput(ctx, index, TF_INT64, nullptr, 0, sizeof(int64_t), status.get());
   if (status.ok()) std::memcpy(TF_TensorData(t), &value, sizeof(value));
   if (t != nullptr) TF_DeleteTensor(t);
   if (!status.ok()) TF_OpKernelContext_Failure(ctx, status.get());
   return status.ok();
 }
 
-void compute_next_epoch(void*, TF_OpKernelContext* ctx) {
+void compute_next_pass(void*, TF_OpKernelContext* ctx) {
   int64_t in[2];
   const NpyfeedTfFeedApi* api = api_or_fail(ctx);
   if (api == nullptr || !scalar_inputs(ctx, 2, in)) return;
   int64_t epoch = 0;
-  if (int code = api->next_epoch(in[0], &epoch); code != 0) return fail(ctx, code, api->last_error());
-  set_scalar_output(ctx, epoch);
+  int64_t batch = 0;
+  if (int code = api->next_pass(in[0], &epoch, &batch); code != 0) return fail(ctx, code, api->last_error());
+  if (set_scalar_output(ctx, epoch, 0)) set_scalar_output(ctx, batch, 1);
 }
 
 void compute_seen_epoch(void*, TF_OpKernelContext* ctx) {
@@ -304,12 +306,12 @@ const OpSpec kOps[] = {
      create_plain,
      compute_ids,
      delete_plain},
-    {"NpyfeedNextEpoch",
+    {"NpyfeedNextPass",
      {"feed: int64", "pass: int64", nullptr},
-     {"epoch: int64", nullptr},
+     {"epoch: int64", "batch: int64"},
      nullptr,
      create_plain,
-     compute_next_epoch,
+     compute_next_pass,
      delete_plain},
     {"NpyfeedSeenEpoch",
      {"feed: int64", "epoch: int64", nullptr},

@@ -14,6 +14,10 @@ The plan answers "batch b of epoch e"; an adapter only has to know the position 
   the current one was read to its end).
 
 Thread safety: every method takes the cursor's lock.
+
+`KerasEpochCallback` is the body of the Keras callbacks ``npyfeed.tf.EpochCallback`` and
+``npyfeed.keras.EpochCallback``: it tells a dataset Keras' epoch (and the step Keras starts it from), so that a
+``fit`` that ``BackupAndRestore`` resumed reads the epochs an uninterrupted one reads.
 """
 
 from __future__ import annotations
@@ -104,3 +108,46 @@ class EpochCursor:
     def __repr__(self) -> str:
         epoch, batch = self.position()
         return f"batch {batch} of epoch {epoch}"
+
+
+class KerasEpochCallback:
+    """The body of the Keras callbacks ``npyfeed.tf.EpochCallback`` and ``npyfeed.keras.EpochCallback`` (each mixes
+    it into its Keras' ``Callback``): before each Keras epoch, the dataset's next pass is set to epoch ``epoch +
+    keras_epoch`` (``epoch``: the dataset's first epoch), from the batch of Keras' first step in it.
+
+    Keras tells its epoch to ``on_epoch_begin`` (also the one ``BackupAndRestore`` restored); tf.keras 2 restored
+    mid-epoch (``BackupAndRestore(save_freq=N)``) starts the epoch at step k, which ``on_train_batch_begin`` tells
+    before the step reads its batch. Keras 3 starts every epoch at step 0.
+
+    Parameters
+    ----------
+    passes
+        What the dataset exposes: ``num_batches`` (batches per epoch) and ``start(keras_epoch, batch)`` (the next
+        pass starts there).
+    """
+
+    # tf.keras 2: the batch hooks may receive the logs as tensors (no sync with the step for this callback).
+    _supports_tf_logs = True
+
+    def __init__(self, passes):
+        super().__init__()
+        self._passes = passes
+        self._epoch = None  # Keras' epoch whose first step has not begun yet
+
+    def on_train_begin(self, logs=None):
+        steps = (getattr(self, "params", None) or {}).get("steps")
+        if steps is not None and steps != self._passes.num_batches:
+            raise ValueError(f"{type(self).__name__}: fit runs {steps} steps per epoch over a dataset of "
+                             f"{self._passes.num_batches} batches per epoch; this callback keeps each Keras epoch "
+                             "one epoch of the dataset: leave steps_per_epoch out (or pass the dataset's length)")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._passes.start(epoch, 0)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._epoch is None:
+            return
+        epoch, self._epoch = self._epoch, None
+        if batch:  # Keras resumes this epoch at step `batch`: its first batch is the epoch's batch `batch`
+            self._passes.start(epoch, batch)

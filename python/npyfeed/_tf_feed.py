@@ -27,7 +27,8 @@ fallback's gathers and ``gather="device"``'s host half there: `DeviceCall`) ente
 native path never enters it). The design notes of the documentation explain why.
 
 Epochs: a counter (in the native feed, or a Python int behind a ``numpy_function``: `EpochCounter`) gives each
-pass over the dataset the next epoch.
+pass over the dataset the next epoch, from its first batch; `set_next_pass` (Keras' epoch, through
+`npyfeed.tf.EpochCallback`) puts the next pass at another epoch and batch.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from . import _core
+from . import _checks, _core
 from ._resources import environment
 
 log = logging.getLogger("npyfeed")
@@ -122,8 +123,9 @@ class NativeFeed:
         self._dtype = dtype
 
     def start_pass(self, pass_index):
-        """The epoch of a new pass over the dataset (`pass_index`: 0, an element of ``range(1)``)."""
-        return self._ops.npyfeed_next_epoch(self._id, pass_index, name="npyfeed_next_epoch")
+        """Where a new pass over the dataset starts, ``(epoch, batch)`` (`pass_index`: 0, an element of
+        ``range(1)``)."""
+        return tuple(self._ops.npyfeed_next_pass(self._id, pass_index, name="npyfeed_next_pass"))
 
     def seen(self, e):
         """Epoch `e` is read (also by a restored iterator): the next pass reads a later one."""
@@ -159,15 +161,23 @@ class FallbackFeed:
         # and the graph owns the gather: hold it strongly there.
         weak = tf.executing_eagerly()
         self._gather = FallbackGather(batches, weak=weak)
-        self._passes = EpochCounter(epoch)
+        self._passes = EpochCounter(epoch, len(batches))
         self._dtype = dtype
         self._on_device = None if on_device is None else {
             method: DeviceCall(on_device, method, weak) for method in ("rows", "num_groups", "group")}
         expect_python_calls()
 
     def start_pass(self, pass_index):
-        """The epoch of a new pass over the dataset."""
-        return tf.numpy_function(self._passes.start, [], tf.int64, stateful=False, name="npyfeed_next_epoch")
+        """Where a new pass over the dataset starts, ``(epoch, batch)``. `pass_index` is an input as the native
+        op's is: without one, TensorFlow runs the call when an iterator is made (a stateless function of
+        nothing), not when the pass starts, and a pass set after that (Keras 2 makes an epoch's iterator before
+        ``on_epoch_begin``; it also makes one more that it never reads) would come too late."""
+        return tuple(tf.numpy_function(self._passes.start, [pass_index], (tf.int64, tf.int64), stateful=False,
+                                       name="npyfeed_next_pass"))
+
+    def set_next_pass(self, epoch: int, batch: int) -> None:
+        """The next pass starts at batch `batch` of epoch `epoch`; the one after it at epoch ``epoch + 1``."""
+        self._passes.set_next(epoch, batch)
 
     def seen(self, e):
         """Epoch `e` is read (also by a restored iterator): the next pass reads a later one."""
@@ -248,21 +258,33 @@ class DeviceCall:
 
 
 class EpochCounter:
-    """The epoch of each new pass. Its calls are ``numpy_function(stateful=False)``: a checkpoint does not hold
-    this count (a restored iterator calls `seen` with its epoch instead), and TensorFlow need not warn about it."""
+    """Where each new pass starts: the next epoch's first batch, or where `set_next` put it. Its calls are
+    ``numpy_function(stateful=False)``: a checkpoint does not hold this count (a restored iterator calls `seen`
+    with its epoch instead), and TensorFlow need not warn about it. The native feed's counter does the same in
+    C++ (``TfFeed::next_pass``)."""
 
-    def __init__(self, epoch: int):
-        self._next = epoch
+    def __init__(self, epoch: int, num_batches: int):
+        self._next = (epoch, 0)
+        self._num_batches = num_batches
         self._lock = threading.Lock()
 
-    def start(self) -> np.int64:
+    def start(self, pass_index=None) -> tuple:
         with self._lock:
-            self._next += 1
-            return np.int64(self._next - 1)
+            epoch, batch = self._next
+            self._next = (epoch + 1, 0)
+            return np.int64(epoch), np.int64(batch)
+
+    def set_next(self, epoch: int, batch: int) -> None:
+        epoch = _checks.epoch(epoch)
+        n = self._num_batches
+        batch = _checks.integer(batch, "batch", 0, n, what=f"in [0, {n}) (the batches of an epoch)")
+        with self._lock:
+            self._next = (epoch, batch)
 
     def seen(self, epoch) -> np.int64:
         with self._lock:
-            self._next = max(self._next, int(epoch) + 1)
+            if self._next[0] <= int(epoch):
+                self._next = (int(epoch) + 1, 0)
         return np.int64(epoch)
 
 

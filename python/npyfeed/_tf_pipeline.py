@@ -24,9 +24,10 @@ state is the positions (a few bytes), never batches, and a restored iterator gat
 ``shuffle="blocks"``: a blocks epoch is read in order (files whole, within a memory budget); its stream also
 reads the blocks ahead within the budget.
 
-Epochs: the feed's counter gives each pass over the dataset the next epoch; ``dataset(...).repeat(count)`` reads
-epochs ``epoch, epoch + 1, ...`` from a native range, so the epoch is part of the checkpointed position and a
-restored repeat continues across the epoch boundary.
+Epochs: the feed's counter gives each pass over the dataset the next epoch, from its first batch, or where
+`PassControl` put it (Keras' epoch and step, through `npyfeed.tf.EpochCallback`); ``dataset(...).repeat(count)``
+reads epochs ``epoch, epoch + 1, ...`` from a native range, so the epoch is part of the checkpointed position and
+a restored repeat continues across the epoch boundary.
 
 ``gather="device"``: the host part of the pipeline (positions, start rows) runs on the host's CPU, whatever
 device scope it is made in (a strategy calls a dataset function per replica in its replica's scope); the batch is
@@ -77,8 +78,9 @@ def host_pipeline(src, plan, batch_size: int, drop_remainder: bool, epoch: int, 
     feed, registration = _tf_feed.open_feed(batches, epoch, spec.dtype)
     build = _host_native if isinstance(feed, _tf_feed.NativeFeed) else _host_fallback
     finish = build(feed, spec, device)
+    passes = PassControl(feed, registration, epoch, len(batches), mid_epoch=True)
     return _assemble(_epoch_positions(feed, len(batches)), feed.start_pass, finish, epoch=epoch, steps=len(batches),
-                     hold=functools.partial(_hold, batches=batches, registration=registration),
+                     hold=functools.partial(_hold, batches=batches, registration=registration, passes=passes),
                      on_host=device is None)
 
 
@@ -142,8 +144,11 @@ def device_pipeline(src, plan, batch_size: int, drop_remainder: bool, epoch: int
         per_epoch, finish = _device_streamed(feed, on_device, spec, batch_size, target)
     else:
         per_epoch, finish = _epoch_positions(feed, len(batches)), _device_resident(feed, on_device, spec, target)
+    # A streamed epoch's groups are uploaded in order: its passes start at an epoch's first batch only.
+    passes = PassControl(feed, registration, epoch, len(batches), mid_epoch=not on_device.streams)
     return _assemble(per_epoch, feed.start_pass, finish, epoch=epoch, steps=len(batches),
-                     hold=functools.partial(_hold, batches=batches, registration=registration, on_device=on_device),
+                     hold=functools.partial(_hold, batches=batches, registration=registration, passes=passes,
+                                            on_device=on_device),
                      on_host=device is None and _is_host(target), host_scope=functools.partial(tf.device, "/cpu:0"))
 
 
@@ -176,8 +181,9 @@ def _device_streamed(feed, on_device, spec: _BatchSpec, batch_size: int, target:
     current one is consumed), then its batches formed on `target`. Returns the positions of an epoch (its groups
     ``(e, g)``) and the pipeline over them."""
 
-    def epoch_groups(e):
-        # Epoch e's groups of batches, as (e, g) like _epoch_positions' (e, b).
+    def epoch_groups(e, first=None):
+        # Epoch e's groups of batches, as (e, g) like _epoch_positions' (e, b). A pass starts at the first batch
+        # (`first` is 0: PassControl refuses another for this pipeline).
         e = tf.ensure_shape(feed.seen(e), ())
         return tf.data.Dataset.range(tf.ensure_shape(feed.num_groups(e), ())).map(lambda g: (e, g))
 
@@ -215,22 +221,29 @@ def _device_streamed(feed, on_device, spec: _BatchSpec, batch_size: int, target:
 
 
 def _epoch_positions(feed, steps: int):
-    """Epoch e's positions ``(e, b)``, b in ``range(steps)``, as a function of e for ``flat_map``."""
+    """Epoch e's positions ``(e, b)``, b in ``range(first, steps)``, as a function of e (a pass: of ``(e, first)``)
+    for ``flat_map``."""
 
-    def one_epoch(e):
+    def one_epoch(e, first=None):
         # Also called when a checkpointed iterator is restored into epoch e: the next pass continues after it.
         e = tf.ensure_shape(feed.seen(e), ())
+        first = tf.constant(0, tf.int64) if first is None else tf.ensure_shape(first, ())
         # (e, b) by a zip, not a map: no function call per batch.
-        return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(e).repeat(steps), tf.data.Dataset.range(steps)))
+        return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(e).repeat(steps - first),
+                                    tf.data.Dataset.range(first, steps)))
 
     return one_epoch
 
 
 def _assemble(per_epoch, start_pass, finish, *, epoch: int, steps: int, hold, on_host: bool,
               host_scope=contextlib.nullcontext):
-    """The dataset a pipeline returns: each pass the next epoch (`start_pass`), its positions (`per_epoch`) turned
-    into batches by `finish(positions, cardinality)`, made inside `host_scope`. Where its batches end on the host
-    (`on_host`), a `HostDataset`, whose ``repeat()`` reads consecutive epochs from a native range."""
+    """The dataset a pipeline returns: each pass starts where `start_pass` says (the next epoch's first batch,
+    unless `PassControl` moved it), its positions (`per_epoch`) turned into batches by `finish(positions,
+    cardinality)`, made inside `host_scope`. Where its batches end on the host (`on_host`), a `HostDataset`, whose
+    ``repeat()`` reads consecutive epochs from a native range.
+
+    A pass that starts at batch k of an epoch (Keras' step k, restored mid-epoch) has ``steps - k`` batches, and
+    Keras asks for no more; its cardinality still says ``steps``."""
 
     def repeat(count):
         count = -1 if count is None else int(count)
@@ -240,7 +253,7 @@ def _assemble(per_epoch, start_pass, finish, *, epoch: int, steps: int, hold, on
             epochs, cardinality = tf.data.Dataset.range(epoch, epoch + count), count * steps
         with host_scope():
             ds = finish(epochs.flat_map(per_epoch), cardinality)
-        return hold(HostDataset(ds) if on_host else ds)
+        return hold(HostDataset(ds) if on_host else ds, passes=None)  # its epochs are the range's, not Keras'
 
     with host_scope():
         ds = finish(tf.data.Dataset.range(1).map(start_pass).flat_map(per_epoch), steps)
@@ -272,18 +285,43 @@ def _device_options() -> tf.data.Options:
     return options
 
 
-def _hold(ds, batches, registration, on_device=None):
+def _hold(ds, batches, registration, passes, on_device=None):
     """The dataset holds the plan (see `_tf_feed.FallbackGather`) and, on the native path, the feed's
     `registration` its graph names by id: an iterator holds its dataset, so the feed stays registered while
     anything can still ask it for a batch. With gather="device" it also holds the arrays on the device
-    (`_device.DeviceGather`)."""
+    (`_device.DeviceGather`). `passes`: where its passes start (`PassControl`; None for ``repeat()``)."""
     ds._npyfeed_batches = batches
     ds._npyfeed_feed = registration
     ds._npyfeed_device = on_device
+    ds._npyfeed_passes = passes
     # Live statistics of its plan (npyfeed.stats): on this dataset object, not on datasets derived from it.
     ds._stats_core = lambda: batches.stats
     ds.stats = lambda: _stats.as_dict(batches.stats.counts())
     return ds
+
+
+class PassControl:
+    """Where the next pass over a pipeline starts, for `npyfeed.tf.EpochCallback`: the feed's counter (native or
+    fallback) set to epoch ``epoch + keras_epoch``, at batch `batch` (Keras' first step of the epoch).
+
+    `mid_epoch`: whether a pass may start after an epoch's first batch (not for streamed ``gather="device"``,
+    whose groups are uploaded in order)."""
+
+    def __init__(self, feed, registration, epoch: int, num_batches: int, *, mid_epoch: bool):
+        # The native feed's counter is in _core (the registration's); the fallback's is the feed's own.
+        self._set = feed.set_next_pass if registration is None else registration.set_next_pass
+        self.first_epoch = epoch
+        self.num_batches = num_batches
+        self._mid_epoch = mid_epoch
+
+    def start(self, keras_epoch: int, batch: int = 0) -> None:
+        """The next pass reads epoch ``first_epoch + keras_epoch`` from batch `batch` on."""
+        if batch and not self._mid_epoch:
+            raise ValueError(f"npyfeed.tf: Keras starts its epoch {keras_epoch} at step {batch}, and a streamed "
+                             "gather='device' pipeline (shuffle='blocks' over device_memory_budget) starts a pass "
+                             "at an epoch's first batch only: checkpoint once per epoch (BackupAndRestore's "
+                             "default save_freq='epoch'), or use gather='host'")
+        self._set(_checks.epoch(self.first_epoch + keras_epoch), batch)
 
 
 def _default_device() -> str:

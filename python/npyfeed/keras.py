@@ -26,7 +26,7 @@ from __future__ import annotations
 import operator
 import warnings
 
-from ._epochs import EpochCursor
+from ._epochs import EpochCursor, KerasEpochCallback
 from .plan import DEFAULT_MEMORY_BUDGET
 from .stats import EpochStatsCallback
 
@@ -42,7 +42,7 @@ if isinstance(keras.__version__, str) and (int(keras.__version__.split(".")[0]) 
     raise ImportError(f"npyfeed.keras needs Keras 3 (a PyDataset with on_epoch_begin; tested with 3.15); this environment has Keras {keras.__version__}: "
                       "pip install 'npyfeed[keras]', or use npyfeed.tf.dataset with tf.keras")
 
-__all__ = ["PyDataset", "StatsCallback"]
+__all__ = ["PyDataset", "EpochCallback", "StatsCallback"]
 
 
 class PyDataset(keras.utils.PyDataset):
@@ -59,9 +59,10 @@ class PyDataset(keras.utils.PyDataset):
     seed : int
         Seed of the order (the same on any machine).
     epoch : int
-        The epoch of the first Keras epoch: with ``model.fit(ds, initial_epoch=k)``, make the dataset with
-        ``epoch=k`` (plus any offset you started with) so that a resumed run reads the epochs an uninterrupted
-        one would have read.
+        The epoch of the first Keras epoch. With `EpochCallback` in ``fit``, Keras' epoch ``k`` reads epoch
+        ``epoch + k`` (keep the default 0 and resume with ``BackupAndRestore``); without it, make the dataset
+        with ``epoch=k`` for ``model.fit(ds, initial_epoch=k)`` (plus any offset you started with) so that a
+        resumed run reads the epochs an uninterrupted one would have read.
     num_shards, shard_index
         This process's part of every epoch (e.g. one per host under a distribution strategy); the shards are
         disjoint and together cover each epoch exactly once.
@@ -118,6 +119,7 @@ class PyDataset(keras.utils.PyDataset):
                               shard_by=shard_by, drop_remainder=drop_remainder, memory_budget=memory_budget,
                               prefetch=prefetch)
         self._cursor = EpochCursor(len(self._plan), epoch)
+        self._first_epoch = self._cursor.epoch
         self._warned = False
 
     def stats(self) -> dict:
@@ -178,6 +180,43 @@ class PyDataset(keras.utils.PyDataset):
 
     def __repr__(self) -> str:
         return f"npyfeed.keras.PyDataset(epoch {self._cursor.epoch}, {self._plan!r})"
+
+
+class _Passes:
+    """A `PyDataset` as `EpochCallback` sees it: Keras' epoch k reads epoch ``epoch + k`` (item i is batch i of
+    it, whatever step Keras starts at)."""
+
+    def __init__(self, ds: PyDataset):
+        self._ds = ds
+        self.num_batches = len(ds)
+
+    def start(self, keras_epoch: int, batch: int = 0) -> None:
+        self._ds.set_epoch(self._ds._first_epoch + keras_epoch)
+
+
+class EpochCallback(KerasEpochCallback, keras.callbacks.Callback):
+    """A Keras callback that keeps a `PyDataset`'s epoch equal to Keras' epoch: each epoch of ``fit`` reads epoch
+    ``epoch + k`` of `ds` (``k``: Keras' epoch, ``epoch``: the dataset's first, 0 by default), so a ``fit`` that
+    ``keras.callbacks.BackupAndRestore`` resumed reads exactly the epochs an uninterrupted one reads (Keras 3
+    restarts the interrupted epoch at its first step, also with ``save_freq=N``: the dataset reads that epoch
+    from its first batch).
+
+    ``model.fit(ds, shuffle=False, callbacks=[keras.callbacks.BackupAndRestore(dir),
+    npyfeed.keras.EpochCallback(ds)])``.
+
+    Raises
+    ------
+    TypeError
+        `ds` is not a `PyDataset`.
+    ValueError
+        At the start of ``fit``, when its steps per epoch are not the dataset's length (``steps_per_epoch``:
+        each Keras epoch must be one epoch of the dataset).
+    """
+
+    def __init__(self, ds: PyDataset):
+        if not isinstance(ds, PyDataset):
+            raise TypeError(f"npyfeed.keras.EpochCallback needs an npyfeed.keras.PyDataset, got {type(ds).__name__}")
+        super().__init__(_Passes(ds))
 
 
 class StatsCallback(EpochStatsCallback, keras.callbacks.Callback):

@@ -1,5 +1,5 @@
-"""`tf.data` pipelines over a `WindowSource`: `dataset` and the Keras callback `StatsCallback`. This is the
-only public module that imports TensorFlow.
+"""`tf.data` pipelines over a `WindowSource`: `dataset` and the Keras callbacks `EpochCallback` and
+`StatsCallback`. This is the only public module that imports TensorFlow.
 
 ``import npyfeed`` never imports TensorFlow; ``import npyfeed.tf`` (or the attribute ``npyfeed.tf``) does.
 
@@ -20,11 +20,11 @@ import os
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
-from . import _checks, _tf_pipeline
+from . import _checks, _epochs, _tf_pipeline
 from . import stats as _stats
 from .plan import DEFAULT_MEMORY_BUDGET
 
-__all__ = ["dataset", "StatsCallback"]
+__all__ = ["dataset", "EpochCallback", "StatsCallback"]
 
 
 def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, drop_remainder: bool = False,
@@ -66,7 +66,9 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         no ``prefetch`` of TensorFlow's (nor lets tf.data inject one): a batch the stream has ready is handed
         over in the calling thread.
     epoch : int
-        The epoch of the first pass (e.g. Keras ``initial_epoch`` after a restart).
+        The epoch of the first pass. With `EpochCallback` in ``fit``, Keras' epoch ``k`` reads epoch
+        ``epoch + k`` (keep the default 0 and resume with ``BackupAndRestore``); without it, pass Keras'
+        ``initial_epoch`` here after a restart.
     memory_budget : int
         With ``shuffle="blocks"``: bytes of array data held at once (the same default as `WindowSource.plan`).
         It decides the order too: keep it fixed to reproduce (or resume) an epoch.
@@ -177,6 +179,47 @@ def _gpu_index(device: str | None) -> int:
     """The CUDA ordinal a pipeline's batches go to: the GPU `device` names, else the first."""
     spec = tf.DeviceSpec.from_string(device or "")
     return int(spec.device_index or 0) if (spec.device_type or "").upper() == "GPU" else 0
+
+
+class EpochCallback(_epochs.KerasEpochCallback, tf.keras.callbacks.Callback):
+    """A Keras callback (``tf.keras``: Keras 2 or 3) that keeps the dataset's epoch equal to Keras' epoch: each
+    epoch of ``fit`` reads epoch ``epoch + k`` of `ds` (``k``: Keras' epoch, ``epoch``: the dataset's first,
+    0 by default), so a ``fit`` that ``keras.callbacks.BackupAndRestore`` resumed reads exactly the epochs an
+    uninterrupted one reads, with no epoch to find and pass by hand.
+
+    Keras 3 restarts the interrupted epoch at its first step (also with ``BackupAndRestore(save_freq=N)``), and
+    the dataset reads that epoch from its first batch. tf.keras 2 with ``save_freq=N`` resumes mid-epoch, at
+    the step after the last backup: the dataset's pass then starts at that batch of the epoch, so the resumed
+    run reads the batches the interrupted one had not trained on.
+
+    Parameters
+    ----------
+    ds : tf.data.Dataset
+        A dataset returned by `dataset`, the one passed to ``fit`` (or one that ``fit`` reads through
+        ``ds.map(...)`` and the like: they share its passes), not its ``repeat()``.
+
+    Raises
+    ------
+    TypeError
+        `ds` is not a dataset returned by `dataset` (or is its ``repeat()``, whose epochs are its own).
+    ValueError
+        At the start of ``fit``, when its steps per epoch are not the dataset's batches per epoch
+        (``steps_per_epoch``: each Keras epoch must be one pass); when tf.keras 2 resumes mid-epoch over a
+        streamed ``gather="device"`` pipeline, which starts passes at an epoch's first batch only.
+
+    Examples
+    --------
+    >>> ds = npyfeed.tf.dataset(src, 256, shuffle=True, seed=0)                            # doctest: +SKIP
+    >>> model.fit(ds, epochs=10, callbacks=[keras.callbacks.BackupAndRestore("backup"),  # doctest: +SKIP
+    ...                                     npyfeed.tf.EpochCallback(ds)])
+    """
+
+    def __init__(self, ds):
+        passes = getattr(ds, "_npyfeed_passes", None)
+        if passes is None:
+            raise TypeError("npyfeed.tf.EpochCallback needs a dataset returned by npyfeed.tf.dataset (not its "
+                            f"repeat(), nor a dataset derived from it), got {type(ds).__name__}")
+        super().__init__(passes)
 
 
 class StatsCallback(_stats.EpochStatsCallback, tf.keras.callbacks.Callback):

@@ -16,6 +16,7 @@
 #include "npy_writer.hpp"
 #include "npyfeed/epoch_order.hpp"
 #include "npyfeed/epoch_plan.hpp"
+#include "npyfeed/errors.hpp"
 #include "npyfeed/index.hpp"
 #include "npyfeed/tf_feed.hpp"
 #include "npyfeed/thread_pool.hpp"
@@ -72,7 +73,8 @@ TEST_CASE("tf feed: take and ids through the table equal the plan's, and every o
   const NpyfeedTfFeedApi& api = tf_feed_api();
   CHECK_EQ(api.abi_version, static_cast<uint32_t>(NPYFEED_TF_FEED_ABI_VERSION));
   const std::int64_t owners = tf_feed_owners();
-  const std::int64_t id = register_tf_feed(std::make_shared<TfFeed>(plan), 2);
+  auto feed = std::make_shared<TfFeed>(plan);
+  const std::int64_t id = register_tf_feed(feed, 2);
   for (std::size_t b = 0; b < plan->num_batches(); ++b) {
     NpyfeedTfBatch got;
     REQUIRE(api.take(id, 3, b, &got) == 0);
@@ -101,9 +103,25 @@ TEST_CASE("tf feed: take and ids through the table equal the plan's, and every o
   }
   CHECK_EQ(tf_feed_owners(), owners);
   int64_t epoch = -1;
-  CHECK(api.next_epoch(id, &epoch) == 0 && epoch == 2);
+  int64_t batch = -1;
+  CHECK(api.next_pass(id, &epoch, &batch) == 0 && epoch == 2 && batch == 0);
   CHECK(api.seen_epoch(id, 5) == 0);
-  CHECK(api.next_epoch(id, &epoch) == 0 && epoch == 6);
+  CHECK(api.next_pass(id, &epoch, &batch) == 0 && epoch == 6 && batch == 0);
+  CHECK(api.next_pass(id, &epoch, &batch) == 0 && epoch == 7 && batch == 0);
+  // A framework's epoch restored mid-way: the next pass starts there (earlier epochs too), the one after it at
+  // the following epoch's first batch; a restored iterator's epoch still moves it on.
+  feed->set_next_pass(3, 2);
+  CHECK(api.next_pass(id, &epoch, &batch) == 0 && epoch == 3 && batch == 2);
+  CHECK(api.next_pass(id, &epoch, &batch) == 0 && epoch == 4 && batch == 0);
+  feed->set_next_pass(1, 0);
+  CHECK(api.seen_epoch(id, 0) == 0);
+  CHECK(api.next_pass(id, &epoch, &batch) == 0 && epoch == 1 && batch == 0);
+  const auto batches = static_cast<std::int64_t>(plan->num_batches());
+  CHECK_THROWS(InvalidArgument, feed->set_next_pass(0, batches));
+  CHECK_THROWS(InvalidArgument, feed->set_next_pass(0, -1));
+  CHECK_THROWS(InvalidArgument, feed->set_next_pass(-1, 0));
+  CHECK_THROWS(InvalidArgument, feed->set_next_pass(std::int64_t{1} << 62, 0));
+  feed->set_next_pass((std::int64_t{1} << 62) - 1, batches - 1);
   NpyfeedTfBatch out;
   CHECK_EQ(api.take(id, 0, plan->num_batches(), &out), 3);  // INVALID_ARGUMENT, npyfeed's message
   CHECK(contains(api.last_error(), "out of range"));
