@@ -43,7 +43,9 @@ class WindowSource:
     Parameters
     ----------
     index_files : str, os.PathLike or sequence of them
-        Text files of ``feature_index,label_index,key`` lines (blank lines and spaces are tolerated).
+        Text files of ``feature_index,label_index,key`` lines (blank lines and spaces are tolerated). A glob
+        pattern (``"/data/index/train_*.txt"``) stands for the files it matches, in sorted order (a path that
+        exists is taken as it is); a pattern that matches no file raises ``FileNotFoundError`` naming it.
     factor_dir, label_dir : str or os.PathLike
         Key ``k`` reads ``<factor_dir>/<k>.npy`` (shape ``(T, F...)``) and ``<label_dir>/<k>.npy``
         (shape ``(T_label, L...)``), or, where there is no such file, ``<k>.npz`` beside it: an archive holding
