@@ -2,7 +2,8 @@
 
 A block's markers are the ``<!-- word -->`` lines directly above its opening fence:
 
-* ``<!-- runnable -->``: the block runs as shown (tests/test_docs.py runs it after `PRELUDE`);
+* ``<!-- runnable -->``: the block runs as shown, after `prelude(data_set)`, on each of `DATA_SETS`
+  (tests/test_docs.py);
 * ``<!-- signature -->``: the block presents calls as signatures, so each keyword it writes with a literal
   value shows the code's default (tests/test_docs.py checks this).
 """
@@ -63,19 +64,40 @@ def blocks(pages=PAGES) -> list:
 
 
 # What the runnable blocks take as given: a small data set in the users' layout, standing in for the reader's
-# folders and index files.
-PRELUDE = """
-import os, sys, tempfile
-os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-import numpy as np
-root = tempfile.mkdtemp()
-factor_dir, label_dir = os.path.join(root, "factor"), os.path.join(root, "label")
-os.makedirs(factor_dir), os.makedirs(label_dir)
-rng = np.random.default_rng(0)
-for k in ("a", "b"):
-    np.save(os.path.join(factor_dir, k + ".npy"), rng.standard_normal((300, 4)).astype(np.float32))
-    np.save(os.path.join(label_dir, k + ".npy"), rng.standard_normal((300, 2)).astype(np.float32))
-index_files = os.path.join(root, "index.txt")
-with open(index_files, "w") as f:
-    f.writelines(f"{r},{r},{k}\\n" for k in ("a", "b") for r in range(99, 300, 3))
+# folders and index files. A block sees only the three names the pages say stand for the reader's own
+# (`factor_dir`, `label_dir`, `index_files`), and runs on each data set below: their key names, feature counts,
+# label shapes and index files (one path or a list) differ, so a block that assumes any of them fails.
+DATA_SETS = {
+    # keys as exchange codes, F=6, labels (T, 3), one index file given as a path
+    "2d-labels": dict(keys=("600000.SH", "000001.SZ", "300750.SZ"), rows=240, features=6, labels=(3,),
+                      index_files=1),
+    # F=5, 1-d label files (T,): scalar label rows, y_shape (); two index files given as a list
+    "1d-labels": dict(keys=("k-01", "k_02"), rows=260, features=5, labels=(), index_files=2),
+}
+
+
+def prelude(data_set: str) -> str:
+    """The code run before a block: makes `data_set` in a new temporary folder and defines only `factor_dir`,
+    `label_dir` and `index_files`."""
+    spec = DATA_SETS[data_set]
+    return f"""
+def _data_set(keys, rows, features, labels, index_files):
+    import os, tempfile
+    import numpy as np
+    root = tempfile.mkdtemp()
+    factor_dir, label_dir = os.path.join(root, "factor"), os.path.join(root, "label")
+    os.makedirs(factor_dir), os.makedirs(label_dir)
+    rng = np.random.default_rng(0)
+    for k in keys:
+        np.save(os.path.join(factor_dir, k + ".npy"), rng.standard_normal((rows, features)).astype(np.float32))
+        np.save(os.path.join(label_dir, k + ".npy"), rng.standard_normal((rows, *labels)).astype(np.float32))
+    paths = [os.path.join(root, f"index-{{i}}.txt") for i in range(index_files)]
+    for i, path in enumerate(paths):  # the keys split between the files, windows of W=100 rows
+        with open(path, "w") as f:
+            f.writelines(f"{{r}},{{r}},{{k}}\\n" for k in keys[i::index_files] for r in range(99, rows, 3))
+    return factor_dir, label_dir, paths[0] if index_files == 1 else paths
+
+
+factor_dir, label_dir, index_files = _data_set(**{spec!r})
+del _data_set
 """

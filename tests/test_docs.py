@@ -15,11 +15,12 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import npyfeed
 import numpy as np
 import pytest
-from _doc_blocks import DOCS, PRELUDE, ROOT, blocks
+from _doc_blocks import DATA_SETS, DOCS, ROOT, blocks, prelude
 
 HAVE_TF = importlib.util.find_spec("tensorflow") is not None
 RUNNABLE = [b for b in blocks() if "runnable" in b.markers]
@@ -27,8 +28,14 @@ SIGNATURE_BLOCKS = [b for b in blocks() if "signature" in b.markers]
 API = DOCS / "api.rst"
 
 
+def _keras_backend(code: str) -> str | None:
+    backend = re.search(r"KERAS_BACKEND\"\] = \"(\w+)\"", code)
+    return backend.group(1) if backend else None
+
+
 def _needs_tf(code: str) -> bool:
-    return bool(re.search(r"^\s*(import tensorflow|import npyfeed.tf|import npyfeed, npyfeed.tf)", code, re.M))
+    imports = re.search(r"^\s*(import tensorflow|import npyfeed.tf|import npyfeed, npyfeed.tf)", code, re.M)
+    return bool(imports) or _keras_backend(code) == "tensorflow"
 
 
 def _frameworks(code: str) -> set:
@@ -41,9 +48,8 @@ def _frameworks(code: str) -> set:
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
     found = {n.split(".")[0] for n in names} | {n.split(".")[1] for n in names if n.startswith("npyfeed.")}
-    backend = re.search(r"KERAS_BACKEND\"\] = \"(\w+)\"", code)
-    if backend and backend.group(1) != "tensorflow":
-        found.add(backend.group(1))
+    if _keras_backend(code) not in (None, "tensorflow"):
+        found.add(_keras_backend(code))
     return found & {"keras", "torch", "torchdata", "jax"}
 
 
@@ -63,23 +69,48 @@ def test_the_markers_are_on_python_blocks():
         ast.parse(block.code)
 
 
+@pytest.mark.parametrize("data_set", DATA_SETS)
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.id, marks=[pytest.mark.slow]
                                                 if _needs_tf(b.code) or _frameworks(b.code) else [])
                                    for b in RUNNABLE])
-def test_runnable_block_runs_as_shown(block, tmp_path):
+def test_runnable_block_runs_as_shown(block, data_set, tmp_path):
+    """Each block runs after a prelude that defines only `factor_dir`, `label_dir` and `index_files`, on data sets
+    whose keys, shapes (1-d label files too) and index files differ: a block runs on any data set."""
     if _needs_tf(block.code) and not HAVE_TF:
         pytest.skip("TensorFlow is not installed")
     missing = _missing_framework(block.code)
     if missing:
         pytest.skip(missing)
     # The index cache, warm's lock file and the prelude's data set (tempfile) all live in the test's own folder.
-    env = dict(os.environ, NPYFEED_CACHE_DIR=str(tmp_path / "cache"), TMPDIR=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-c", PRELUDE + block.code], capture_output=True, text=True,
+    env = dict(os.environ, NPYFEED_CACHE_DIR=str(tmp_path / "cache"), TMPDIR=str(tmp_path), TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("KERAS_BACKEND", None)  # a block that needs a backend chooses it
+    proc = subprocess.run([sys.executable, "-c", prelude(data_set) + block.code], capture_output=True, text=True,
                           timeout=300, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, f"{block.id}\n{proc.stdout}{proc.stderr[-4000:]}"
-    if "MirroredStrategy" in block.code:  # the multi-GPU loop prints one loss per epoch
-        losses = [float(line.split()[-1]) for line in proc.stdout.splitlines() if line.startswith("epoch ")]
+    assert proc.returncode == 0, f"{block.id} on {data_set}\n{proc.stdout}{proc.stderr[-4000:]}"
+    losses = [float(line.split()[-1]) for line in proc.stdout.splitlines() if line.startswith("epoch ")]
+    if "for epoch in range(2)" in block.code or "range(EPOCHS)" in block.code:  # the loops print a loss per epoch
         assert len(losses) == 2 and all(np.isfinite(losses)), proc.stdout
+
+
+def test_the_doc_data_sets_differ_where_examples_could_assume(tmp_path, monkeypatch):
+    """What the runnable blocks must not assume differs between the data sets: keys, F, label shape (1-d label
+    files among them), one index file or several."""
+    specs = list(DATA_SETS.values())
+    for field in ("keys", "features", "labels", "index_files"):
+        values = [spec[field] for spec in specs]
+        assert len(set(values)) == len(values), field
+    assert () in [spec["labels"] for spec in specs]
+    assert not {"a", "b"} & {k for spec in specs for k in spec["keys"]}  # none of the old fixture's keys
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ns = {}
+    exec(prelude("1d-labels"), ns)
+    assert sorted(k for k in ns if not k.startswith("__")) == ["factor_dir", "index_files", "label_dir"]
+    src = npyfeed.WindowSource(ns["index_files"], ns["factor_dir"], ns["label_dir"], window=100, cache=False)
+    assert src.x_shape == (100, 5) and src.y_shape == ()
+    x, y = src.get([0])
+    key = src.keys[0]
+    np.testing.assert_array_equal(y[0], np.load(os.path.join(ns["label_dir"], key + ".npy"))[99])
+    np.testing.assert_array_equal(x[0], np.load(os.path.join(ns["factor_dir"], key + ".npy"))[0:100])
 
 
 # The calls the signature blocks present as signatures.
@@ -204,3 +235,10 @@ def test_no_process_words_in_readme_or_docs():
         text = page.read_text(encoding="utf-8")
         assert "MISSED" not in text, page
         assert not re.search(r"\bissues? \d+|#\d{1,4}\b", text), page
+
+
+def test_keras_blocks_choose_the_tensorflow_backend():
+    """The users train with TensorFlow and may have no JAX: a block that sets KERAS_BACKEND sets TensorFlow's (and
+    names the others in a comment)."""
+    chosen = [_keras_backend(b.code) for b in RUNNABLE if _keras_backend(b.code)]
+    assert chosen and set(chosen) == {"tensorflow"}, chosen

@@ -198,6 +198,42 @@ def test_missing_index_file(tmp_path):
         _source(tmp_path, ["k"])  # a directory
 
 
+def test_a_glob_pattern_stands_for_the_files_it_matches_sorted(tmp_path):
+    folder = tmp_path / "index"
+    folder.mkdir()
+    files = {name: folder / name for name in ("train_2.txt", "train_10.txt", "train_1.txt", "test.txt")}
+    for path, line in zip(files.values(), ("4,4,b\n", "2,2,a\n", "1,1,c\n", "3,3,a\n")):
+        path.write_text(line)
+    (folder / "train_x.txt").mkdir()  # a folder the pattern matches is no index file
+    keys = ["a", "b", "c"]
+    pattern = folder / "train_*.txt"
+    in_order = [(files["train_1.txt"], 1, 1, 1, "c"), (files["train_10.txt"], 1, 2, 2, "a"),
+                (files["train_2.txt"], 1, 4, 4, "b")]  # sorted by name
+    _check(_source(str(pattern), keys), in_order, keys)
+    # Among other paths, in the order given.
+    _check(_source([files["test.txt"], pattern], keys, cache=False), [(files["test.txt"], 1, 3, 3, "a"), *in_order],
+           keys)
+    # The file-reading source the same way, its arrays equal to np.load's slices.
+    factors, labels = _arrays(keys)
+    for sub, arrays in (("factor", factors), ("label", labels)):
+        (tmp_path / sub).mkdir()
+        for key in keys:
+            np.save(tmp_path / sub / f"{key}.npy", arrays[key])
+    src = npyfeed.WindowSource(pattern, tmp_path / "factor", tmp_path / "label", W)
+    _check(src, in_order, keys)
+    x, y = src.get([0])
+    np.testing.assert_array_equal(x[0], np.load(tmp_path / "factor" / "c.npy")[0:2], strict=True)
+    np.testing.assert_array_equal(y[0], np.load(tmp_path / "label" / "c.npy")[1], strict=True)
+    # A pattern that matches no file names itself.
+    with pytest.raises(FileNotFoundError, match="pattern matches no file") as info:
+        _source([files["test.txt"], folder / "val_*.txt"], keys)
+    assert info.value.filename == str(folder / "val_*.txt")
+    # A file whose name has glob characters is that file, not a pattern.
+    literal = folder / "train_[1].txt"
+    literal.write_text("5,5,a\n")
+    _check(_source(literal, keys), [(literal, 1, 5, 5, "a")], keys)
+
+
 def test_no_index_files(tmp_path):
     with pytest.raises(ValueError, match="no index files"):
         npyfeed.WindowSource([], tmp_path, tmp_path, W)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import glob
 import logging
 import mmap
 import os
@@ -415,6 +416,27 @@ def test_load_factor_files_duplicate_key(factor_files):
     with pytest.raises(ValueError, match="'same'"):
         npyfeed.load_factor_files(factor_files, store, key=lambda p: "same")
     assert store == {"x": 1}
+
+
+@pytest.mark.parametrize("given", ["folder", "folder_bytes", "folder_path", "file", "number", "list_of_numbers"])
+@pytest.mark.parametrize("call", ["load_factor_files", "load_many"])
+def test_a_single_path_instead_of_a_list_is_a_type_error_naming_the_argument(factor_files, given, call):
+    """load_factor_files("/data/factor", {}) would read each character of the string as a path: a TypeError (also a
+    ValueError) that names the argument, and suggests the glob for a folder; nothing is filled."""
+    folder = factor_files[0].parent
+    value = {"folder": str(folder), "folder_bytes": os.fsencode(folder), "folder_path": folder,
+             "file": str(factor_files[0]), "number": 3, "list_of_numbers": [3]}[given]
+    name = "in_files" if call == "load_factor_files" else "paths"
+    store = {"x": 1}
+    with pytest.raises(TypeError, match=rf"^{name}\b") as info:
+        npyfeed.load_factor_files(value, store) if call == "load_factor_files" else npyfeed.load_many(value)
+    assert isinstance(info.value, ValueError)
+    if given.startswith("folder"):
+        assert f"sorted(glob.glob({str(folder / '*.npy')!r}))" in str(info.value)
+    assert store == {"x": 1}
+    # The suggested call works, and equals np.load.
+    loaded = npyfeed.load_factor_files(sorted(glob.glob(str(folder / "*.npy"))), {})
+    np.testing.assert_array_equal(loaded[factor_files[0].name[:-4]], np.load(factor_files[0]), strict=True)
 
 
 def _make_bad(path: Path, kind: str) -> Path:

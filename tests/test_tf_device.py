@@ -83,6 +83,24 @@ def test_batches_equal_the_numpy_iterator(tf, shuffle, bounds):
         _assert_same(_pass(ds), list(src.batches(BATCH, shuffle=shuffle, seed=3, epoch=epoch, memory_budget=BUDGET)))
 
 
+@pytest.mark.parametrize("gather", ["host", "device"])
+def test_1d_files_give_scalar_rows(tf, gather):
+    """1-d factor and label files ((T,)): x_shape (W,), y_shape (), batches (B, W) and (B,), as numpy slices."""
+    rng = np.random.default_rng(11)
+    factors = {k: rng.standard_normal(40).astype(np.float32) for k in ("k1", "k2")}
+    labels = {k: rng.standard_normal(40).astype(np.float32) for k in factors}
+    index = [(int(f), int(lr), k) for k in factors for f, lr in zip(range(WINDOW - 1, 40, 3), range(0, 40, 3))]
+    src = npyfeed.WindowSource.from_arrays(index, factors, labels, WINDOW, cache=False)
+    assert (src.x_shape, src.y_shape) == ((WINDOW,), ())
+    ds = npyfeed.tf.dataset(src, BATCH, gather=gather, device="/cpu:0")
+    assert [s.shape.as_list() for s in ds.element_spec] == [[None, WINDOW], [None]]
+    got = _pass(ds)
+    want_x = np.stack([factors[k][f - WINDOW + 1:f + 1] for f, _, k in index])
+    want_y = np.array([labels[k][lr] for _, lr, k in index])
+    np.testing.assert_array_equal(np.concatenate([x for x, _ in got]), want_x, strict=True)
+    np.testing.assert_array_equal(np.concatenate([y for _, y in got]), want_y, strict=True)
+
+
 @pytest.mark.parametrize("dtype, out", [("<f2", "float32"), ("<f4", "float32"), ("<f8", "float64"), (">f8", "float32"),
                                         ("<i2", "float32")])
 def test_source_dtypes(tf, dtype, out):

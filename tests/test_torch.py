@@ -171,6 +171,22 @@ def test_worker_processes_and_pickling_are_refused(src, monkeypatch):
         next(iter(ds))
 
 
+@pytest.mark.parametrize("loader", ["default", "batch_size=4", "stateful"])
+def test_a_loader_that_batches_the_batches_is_refused(src, loader):
+    """DataLoader(ds) (batch_size=1 by default) would wrap each batch in one more dimension, (1, 5, W, F): refused
+    when the pass starts, naming batch_size=None; with it, the batches are the numpy iterator's."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    ds = nft.WindowDataset(src, 5)
+    make = {"default": lambda **kw: DataLoader(ds, **kw), "batch_size=4": lambda: DataLoader(ds, batch_size=4),
+            "stateful": lambda **kw: StatefulDataLoader(ds, **kw)}[loader]
+    with pytest.raises(ValueError, match=r"whole batches: use DataLoader\(ds, batch_size=None\)"):
+        iter(make())
+    assert ds.epoch == 0 and ds.state_dict() == {"epoch": 0, "batch": 0}  # nothing was read
+    if loader in ("default", "stateful"):
+        _assert_same(list(make(batch_size=None)), _expected(src, 0))
+
+
 def test_pin_memory(src):
     if not torch.cuda.is_available():
         pytest.skip("pin_memory needs an accelerator")

@@ -7,12 +7,16 @@ The oracle is mincore over a mapping made with ctypes, independently of npyfeed'
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import logging
 import mmap
 import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from pathlib import Path
 
 import npyfeed
 import numpy as np
@@ -165,6 +169,56 @@ def test_processes_warming_at_once_read_each_byte_once(data_set, tmp_path):
     assert all(p.returncode == 0 for p in procs)
     total = sum(int(out) for out in outputs)
     assert total == sum(p.stat().st_size for p in files)
+    # The lock file is gone with its last holder (the test's own cache folder: conftest).
+    assert not list(Path(os.environ["NPYFEED_CACHE_DIR"]).glob("warm-*.lock"))
+
+
+def _someone_waits_on(fd: int) -> bool:
+    """Whether, within 20 s, /proc/locks shows a process waiting for an flock on the file `fd` is open on."""
+    inode = f":{os.fstat(fd).st_ino} "
+    for _ in range(2000):
+        with open("/proc/locks") as locks:
+            if any("->" in line and inode in line for line in locks):
+                return True
+        time.sleep(0.01)
+    return False
+
+
+def _hold(path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def test_a_waiter_whose_lock_file_its_holder_removed_waits_for_the_new_one(tmp_path):
+    """The holder removes the lock file before letting go; a process that waited on that file must then lock the
+    one the name holds now (another process may have created and taken it), never go on holding a nameless one."""
+    from npyfeed.warm import _data_set_lock
+
+    files = [str(tmp_path / "a.npy")]
+    lock = _data_set_lock(files, enabled=True)
+    path = lock._path
+    first = _hold(path)
+    entered = threading.Event()
+
+    def take_turn():
+        with lock:
+            entered.set()
+
+    waiter = threading.Thread(target=take_turn)
+    waiter.start()
+    try:
+        assert _someone_waits_on(first)
+        os.unlink(path)  # the holder lets go as npyfeed does: removed while still held ...
+        second = _hold(path)  # ... and another process creates and takes a new one at once
+        os.close(first)
+        assert _someone_waits_on(second)  # the waiter moved on to the new file
+        assert not entered.is_set()
+        os.close(second)
+    finally:
+        waiter.join(timeout=30)
+    assert entered.is_set()
+    assert not path.exists()
 
 
 def test_without_a_writable_cache_dir_it_warns_and_still_warms(data_set, monkeypatch, caplog):

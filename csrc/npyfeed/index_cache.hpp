@@ -2,8 +2,9 @@
 // open, in any process, maps read-only, so the page cache holds one copy per node. An entry is keyed by
 // its index files' identities (absolute path, size, mtime_ns, inode, device) and the format version; a
 // stale, corrupt or truncated entry is rebuilt, never trusted. Builders write a temporary file and rename
-// it into place under an exclusive flock, so processes starting together wait for one builder and never
-// read a half-written file.
+// it into place under an exclusive flock on `<entry>.lock`, so processes starting together wait for one
+// builder and never read a half-written file; the holder removes the lock file before letting go, so none
+// is left beside the entries.
 #pragma once
 
 #include <cstdint>

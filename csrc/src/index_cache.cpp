@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -122,27 +123,67 @@ void write_all(int fd, const void* data, std::size_t size, const std::string& pa
   }
 }
 
-// An exclusive flock held until destruction.
+// Whether `fd` is the file named `path` now. ENOENT is an answer (no file there); other errors throw.
+bool names_file(int fd, const std::string& path) {
+  struct stat held, named;
+  if (::fstat(fd, &held) != 0) throw OsError(errno, path, "cannot stat the lock file");
+  if (::stat(path.c_str(), &named) != 0) {
+    if (errno == ENOENT) return false;
+    throw OsError(errno, path, "cannot stat the lock file");
+  }
+  return held.st_dev == named.st_dev && held.st_ino == named.st_ino;
+}
+
+// An exclusive flock on a lock file beside the entry, which its holder removes before letting go, so that no
+// lock file outlives its use (one per entry piled up otherwise, failed opens' too).
+//
+// Removing it is safe because a lock counts only on the file the path names: a process that opened the file
+// before its holder removed it wakes up holding a nameless file, sees that the path no longer names it, and
+// opens the path again (creating a new file, or waiting for whoever created it). The file a holder locked
+// cannot be removed under it, since only a holder removes the file, and only its own. (An older npyfeed, which
+// does not check, may build an entry a second time beside this one; both rename a complete file into place.)
 class Lock {
  public:
-  explicit Lock(const std::string& path) {
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw OsError(errno, path, "cannot open the lock file");
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno != EINTR) {
-        const int e = errno;
+  explicit Lock(const std::string& path) : path_(path) {
+    for (;;) {
+      fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (fd_ < 0) throw OsError(errno, path, "cannot open the lock file");
+      try {
+        while (::flock(fd_, LOCK_EX) != 0) {
+          if (errno != EINTR) throw OsError(errno, path, "cannot lock");
+        }
+        if (names_file(fd_, path)) return;
+      } catch (...) {
         ::close(fd_);
-        throw OsError(e, path, "cannot lock");
+        throw;
       }
+      ::close(fd_);  // removed by the holder this one waited for: lock the file the path names now
     }
   }
-  ~Lock() { ::close(fd_); }  // closing releases the lock
+  ~Lock() {
+    ::unlink(path_.c_str());  // while still held: see above
+    ::close(fd_);             // closing releases the lock
+  }
   Lock(const Lock&) = delete;
   Lock& operator=(const Lock&) = delete;
 
  private:
+  std::string path_;
   int fd_ = -1;
 };
+
+// Removes a lock file nobody holds (left by an older npyfeed, or by a process killed while it held one), by
+// taking it without waiting, as a holder would; a lock file in use stays.
+void remove_unused_lock(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return;  // none: the usual case
+  try {
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && names_file(fd, path)) ::unlink(path.c_str());
+  } catch (const OsError&) {
+    // A lock file that cannot be examined is left alone.
+  }
+  ::close(fd);
+}
 
 bool fail(std::string* why, const std::string& text) {
   if (why != nullptr) *why = text;
@@ -352,6 +393,7 @@ IndexLoad load_index(const std::vector<std::string>& paths, const std::string& c
   // Most opens find a complete entry and take no lock.
   if (open_index_cache(path, files, paths, result.index)) {
     result.cache_path = path;
+    remove_unused_lock(path + ".lock");
     return result;
   }
   std::unique_ptr<Lock> lock;

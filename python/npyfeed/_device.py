@@ -258,6 +258,8 @@ class DeviceGather:
         x = tf.gather(factors, rows)
         y = tf.gather(labels, y_row)
         b = tf.shape(start)[0]
-        x = tf.reshape(tf.cast(x, self.out_dtype), tf.concat([[b, self.window], self.x_row_shape], 0))
-        y = tf.reshape(tf.cast(y, self.out_dtype), tf.concat([[b], self.y_row_shape], 0))
+        # The row shapes as int32 tensors: an empty one (1-d files, scalar rows) would otherwise be a float32 [].
+        x_row, y_row_shape = tf.constant(self.x_row_shape, tf.int32), tf.constant(self.y_row_shape, tf.int32)
+        x = tf.reshape(tf.cast(x, self.out_dtype), tf.concat([[b, self.window], x_row], 0))
+        y = tf.reshape(tf.cast(y, self.out_dtype), tf.concat([[b], y_row_shape], 0))
         return x, y

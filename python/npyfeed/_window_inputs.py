@@ -9,6 +9,7 @@ values are checked once, by the C++ WindowSource.
 from __future__ import annotations
 
 import errno
+import glob
 import logging
 import os
 from collections.abc import Sequence
@@ -47,10 +48,20 @@ def dtype_name(dtype: np.dtype) -> str:
 
 # -- the index ----------------------------------------------------------------------------------------------
 def index_paths(index_files) -> list:
-    """One index file or several, as a non-empty list of paths."""
+    """One index file or several, as a non-empty list of paths. A path that names no file but holds a glob pattern
+    (``*``, ``?``, ``[``) is replaced by the files it matches, sorted; one that matches none raises
+    ``FileNotFoundError`` naming the pattern."""
     if isinstance(index_files, (str, bytes, os.PathLike)):
         index_files = [index_files]
-    paths = [_fspath(p) for p in index_files]
+    paths = []
+    for path in map(_fspath, index_files):
+        if os.path.lexists(path) or not glob.has_magic(path):
+            paths.append(path)  # a name that exists is never a pattern, whatever its characters
+            continue
+        matched = sorted(p for p in glob.glob(path) if not os.path.isdir(p))
+        if not matched:
+            raise FileNotFoundError(errno.ENOENT, "index_files: the pattern matches no file", path)
+        paths += matched
     if not paths:
         raise ValueError("no index files given")
     return paths

@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from . import _core, npz
+from ._checks import ArgumentTypeError
 from ._resources import MAX_HEADER_SIZE, resolve_placement, resolve_threads
 
 __all__ = ["Header", "read_header", "load", "load_many", "load_factor_files", "MODES"]
@@ -59,6 +60,24 @@ def _fspath(path) -> str:
     if not isinstance(path, str):
         raise TypeError(f"expected a path, got {type(path).__name__}")
     return path
+
+
+def _path_list(paths, name: str) -> list:
+    """`paths`, an iterable of paths, as a list of str; one path where several are expected (its characters would
+    be taken for paths) or an item that is not a path raise `ArgumentTypeError` naming the argument."""
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        path = os.fsdecode(paths)
+        files = os.path.join(path if os.path.isdir(path) else "<folder>", "*.npy")
+        raise ArgumentTypeError(f"{name} must be a sequence of paths, got the single path {path!r}: pass [path], "
+                                f"or a folder's files as sorted(glob.glob({files!r}))")
+    try:
+        items = list(paths)
+    except TypeError:
+        raise ArgumentTypeError(f"{name} must be a sequence of paths, got {paths!r}") from None
+    try:
+        return [_fspath(p) for p in items]
+    except TypeError as e:
+        raise ArgumentTypeError(f"{name}: {e}") from None
 
 
 def _native(path: str) -> bytes:
@@ -134,6 +153,7 @@ def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None
     Parameters
     ----------
     paths : iterable of str or os.PathLike
+        The files (a single path is refused: see Raises).
     mode : {"auto", "mmap", "read", "direct"}
         As in `load`; ``"auto"`` (the default) is ``"read"``.
     threads : int, optional
@@ -161,12 +181,15 @@ def load_many(paths: Iterable, *, mode: str = "auto", threads: int | None = None
     ------
     NpyFormatError, OSError
         For the first file that fails; the message names it. Nothing is returned then.
+    TypeError
+        `paths` is a single path (a ``str``, ``bytes`` or ``os.PathLike``) rather than a sequence of them, or an
+        item is not a path; the message names the argument (the error is also a ``ValueError``).
     ValueError
         Bad arguments, e.g. `cpus` this process cannot use (offline, or outside its cpuset).
     PermissionError
         A `nice` or `io_priority` that needs privileges this process lacks.
     """
-    paths = [_fspath(p) for p in paths]
+    paths = _path_list(paths, "paths")
     core_mode = _resolve_mode(mode, auto="read")
     placement = resolve_placement(cpus, nice, io_priority)
     nthreads = resolve_threads(threads, placement.get("cpus"))
@@ -214,6 +237,7 @@ def load_factor_files(in_files: Sequence, store_dict: MutableMapping | None = No
     Parameters
     ----------
     in_files : sequence of str or os.PathLike
+        The files, e.g. ``sorted(glob.glob(f"{folder}/*.npy"))``; a folder or a single path is refused.
     store_dict : mutable mapping, optional
         Filled in place (a new dict if None).
     key : callable, optional
@@ -225,12 +249,15 @@ def load_factor_files(in_files: Sequence, store_dict: MutableMapping | None = No
     ------
     NpyFormatError, OSError
         Naming the failing file. `store_dict` is then left exactly as it was.
+    TypeError
+        `in_files` is a single path (a folder's name, say) rather than a sequence of paths, or an item is not a
+        path: the message names `in_files` (the error is also a ``ValueError``).
     ValueError
         Two files (or members) map to the same key; the message names both.
     """
     if store_dict is None:
         store_dict = {}
-    paths = [_fspath(p) for p in in_files]
+    paths = _path_list(in_files, "in_files")
     key_of = key or _default_key
     seen: dict = {}
 

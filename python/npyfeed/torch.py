@@ -17,6 +17,7 @@ The position is kept in the epoch cursor the Keras adapter shares (``npyfeed._ep
 from __future__ import annotations
 
 import collections
+import sys
 
 from ._epochs import EpochCursor
 from .plan import DEFAULT_MEMORY_BUDGET
@@ -33,6 +34,26 @@ _NO_WORKERS = ("npyfeed.torch.WindowDataset runs in the main process only: use D
                "npyfeed already gathers `prefetch` batches ahead on its own threads with the GIL released; worker "
                "processes would copy every batch through shared memory, and would have to be forked from a process "
                "whose gather threads are running (or pickle the source)")
+
+
+def _collated_by_a_loader(dataset) -> bool:
+    """Whether ``iter(dataset)`` was called by a ``DataLoader`` that batches the elements itself."""
+    # torch's DataLoader (torchdata's StatefulDataLoader too) starts each pass in its fetcher,
+    # `_IterableDatasetFetcher.__init__(self, dataset, auto_collation, collate_fn, drop_last)`, which calls
+    # `iter(dataset)`; `auto_collation` is true when the loader has a batch_size (1 by default).
+    # That fetcher is the only caller with this argument: looked up by name a few frames up, nothing else.
+    frame = sys._getframe(2)  # the caller of WindowDataset.__iter__
+    try:
+        for _ in range(3):
+            if frame is None:
+                return False
+            local = frame.f_locals
+            if local.get("dataset") is dataset and "auto_collation" in local:
+                return bool(local["auto_collation"])
+            frame = frame.f_back
+        return False
+    finally:
+        del frame
 
 
 def _distributed() -> tuple:
@@ -110,6 +131,8 @@ class WindowDataset(IterableDataset):
         Bad arguments (as `WindowSource.plan`); both `shard_index`/`num_shards` and `rank`/`world_size`.
     RuntimeError
         Iterated in a ``DataLoader`` worker process (``num_workers > 0``), or pickled: see `__iter__`.
+    ValueError
+        Iterated by a ``DataLoader`` without ``batch_size=None``: see `__iter__`.
     """
 
     def __init__(self, src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, epoch: int = 0,
@@ -195,10 +218,18 @@ class WindowDataset(IterableDataset):
         """Yield the rest of the current epoch, from the current position on, as ``(x, y)`` tensors.
 
         Raises ``RuntimeError`` in a ``DataLoader`` worker process: use ``num_workers=0`` (npyfeed's threads
-        already gather ahead; workers would copy every batch through shared memory).
+        already gather ahead; workers would copy every batch through shared memory). Raises ``ValueError`` when a
+        ``DataLoader`` that batches the elements itself starts the pass (a ``batch_size`` other than ``None``,
+        DataLoader's default being 1): it would stack whole batches into batches of batches,
+        ``(1, batch_size, W, F)`` for the default; use ``DataLoader(ds, batch_size=None)``.
         """
         if get_worker_info() is not None:
             raise RuntimeError(_NO_WORKERS)
+        if _collated_by_a_loader(self):
+            raise ValueError("npyfeed.torch.WindowDataset yields whole batches: use DataLoader(ds, batch_size=None). "
+                             "This DataLoader batches the elements itself (its batch_size, 1 by default), which "
+                             "would stack them into batches of batches: x of shape "
+                             f"(1, {self._plan.batch_size}, W, F) with batch_size=1")
         return self._epoch_batches()
 
     def _epoch_batches(self):

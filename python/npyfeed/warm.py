@@ -154,7 +154,11 @@ def _files_of(paths, pattern: str) -> list:
 
 
 class _data_set_lock:
-    """An exclusive ``flock`` on ``cache_dir()/warm-<digest of the file list>.lock`` (nothing when disabled)."""
+    """An exclusive ``flock`` on ``cache_dir()/warm-<digest of the file list>.lock`` (nothing when disabled).
+
+    The holder removes the lock file before letting go, so none is left behind; a process that waited on the file
+    it removed finds that the name no longer holds the file it locked, and locks the one the name holds now (the
+    index cache's lock files work the same way: csrc/src/index_cache.cpp)."""
 
     def __init__(self, files: list, *, enabled: bool):
         self._fd = None
@@ -162,21 +166,48 @@ class _data_set_lock:
             return
         digest = hashlib.sha256("\0".join(sorted(os.path.realpath(f) for f in files)).encode("utf-8", "surrogateescape"))
         folder = cache_dir()
+        self._path = folder / f"warm-{digest.hexdigest()[:24]}.lock"
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(folder / f"warm-{digest.hexdigest()[:24]}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                               0o644)
         except OSError as e:
-            log.warning("npyfeed.warm: no lock (cannot write %s: %s); processes warming at once may read twice",
-                        folder, e.strerror)
+            self._unlocked(e)
+            return
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            self._unlocked(e)
+
+    def _unlocked(self, e: OSError) -> None:
+        self._fd = None
+        log.warning("npyfeed.warm: no lock (cannot write %s: %s); processes warming at once may read twice",
+                    self._path.parent, e.strerror)
+
+    def _names_the_locked_file(self) -> bool:
+        try:
+            named = os.stat(self._path)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(self._fd)
+        return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
 
     def __enter__(self):
-        if self._fd is not None:
+        while self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_EX)  # released by close(), also if this process dies
+            if self._names_the_locked_file():
+                break
+            os.close(self._fd)  # removed by the holder this one waited for: lock the file the name holds now
+            self._open()
         return self
 
     def __exit__(self, *exc) -> None:
         if self._fd is not None:
+            try:
+                os.unlink(self._path)  # while still held
+            except OSError:
+                pass  # a folder this process may not write: the file stays, as a lock still
             os.close(self._fd)
             self._fd = None
 

@@ -45,11 +45,16 @@ class WindowSource:
     Parameters
     ----------
     index_files : str, os.PathLike or sequence of them
-        Text files of ``feature_index,label_index,key`` lines (blank lines and spaces are tolerated).
+        Text files of ``feature_index,label_index,key`` lines (blank lines and spaces are tolerated). A glob
+        pattern (``"/data/index/train_*.txt"``) stands for the files it matches, in sorted order (a path that
+        exists is taken as it is); a pattern that matches no file raises ``FileNotFoundError`` naming it.
     factor_dir, label_dir : str or os.PathLike
         Key ``k`` reads ``<factor_dir>/<k>.npy`` (shape ``(T, F...)``) and ``<label_dir>/<k>.npy``
         (shape ``(T_label, L...)``), or, where there is no such file, ``<k>.npz`` beside it: an archive holding
-        one array, or the member named by `member`.
+        one array, or the member named by `member`. A sample is ``x`` of shape ``x_shape = (W, F...)`` and
+        ``y`` of shape ``y_shape``, a label row's shape as ``np.load`` gives it: ``(L...)``, and ``()`` for label
+        files of shape ``(T_label,)``, whose labels are scalars (batches' ``y`` then has shape ``(B,)``;
+        ``label_columns=[0]`` makes it ``(B, 1)``). Every key's rows must have the same shape.
     window : int
         Rows per sample, W.
     mode : {"auto", "mmap", "read", "direct"}
@@ -427,7 +432,8 @@ class WindowSource:
 
     @property
     def y_shape(self) -> tuple:
-        """Shape of one sample's label: ``(L, ...)`` (``()`` for 1-d label files)."""
+        """Shape of one sample's label, a label row's: ``(L, ...)``, or ``()`` for 1-d label files (scalar labels:
+        a batch's ``y`` is ``(B,)``). A model's output size is ``math.prod(y_shape)``, which is 1 for ``()``."""
         return tuple(self._core.y_shape)
 
     def describe(self, sample: int | None = None) -> str:

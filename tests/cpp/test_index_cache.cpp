@@ -2,13 +2,18 @@
 // rebuilt; every byte of a corrupt or truncated entry refused (rebuilt by load_index), never read out of
 // bounds; an unwritable cache dir a warning. Mirrors tests/test_index_cache.py.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check.hpp"
@@ -50,6 +55,44 @@ std::string read_all(const std::string& path) {
 void write_all(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << bytes;
+}
+
+// The names in `folder`, sorted.
+std::vector<std::string> names_in(const std::string& folder) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(folder)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool any_lock_file(const std::string& folder) {
+  for (const auto& name : names_in(folder)) {
+    if (name.ends_with(".lock")) return true;
+  }
+  return false;
+}
+
+// Opens (creating) and flocks `path` as another process would; the lock is released by close().
+int hold(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX) == 0);
+  return fd;
+}
+
+// Waits (up to 20 s) until /proc/locks shows a process waiting for an flock on the file `fd` is open on.
+bool someone_waits_on(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return false;
+  const std::string inode = ":" + std::to_string(st.st_ino) + " ";
+  for (int i = 0; i < 2000; ++i) {
+    std::ifstream locks("/proc/locks");
+    for (std::string line; std::getline(locks, line);) {
+      if (line.find("->") != std::string::npos && line.find(inode) != std::string::npos) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
 }
 
 }  // namespace
@@ -150,6 +193,86 @@ TEST_CASE("a cache dir that cannot be created degrades to memory with a warning"
   auto e = CHECK_THROWS(InvalidArgument, load_index({dir.file("bad.txt")}, dir.file("cache"), 1));
   if (e) CHECK(contains(e->what(), dir.file("bad.txt") + ":2: label_index is not an integer"));
   auto missing = CHECK_THROWS(OsError, load_index({dir.file("none.txt")}, dir.file("cache"), 1));
+}
+
+TEST_CASE("no lock file is left: after a build, a failed build, and a hit (which removes one nobody holds)") {
+  test::TempDir dir;
+  test::write_file(dir.file("a.txt"), sample_text(100), {});
+  const std::vector<std::string> paths{dir.file("a.txt")};
+  const std::string cache = dir.file("cache");
+  IndexLoad built = load_index(paths, cache, 1);
+  CHECK(built.built);
+  CHECK_EQ(names_in(cache), std::vector<std::string>{std::filesystem::path(built.cache_path).filename().string()});
+  test::write_file(dir.file("bad.txt"), "1,2,a\n3,x,b\n", {});
+  CHECK_THROWS(InvalidArgument, load_index({dir.file("bad.txt")}, cache, 1));
+  CHECK(!any_lock_file(cache));
+  CHECK_EQ(names_in(cache).size(), 1u);  // and no entry for the failed one
+  // One left by an older npyfeed (or a process killed while holding it): the next hit removes it.
+  const std::string lock = built.cache_path + ".lock";
+  test::write_file(lock, "", {});
+  CHECK(!load_index(paths, cache, 1).built);
+  CHECK(!std::filesystem::exists(lock));
+  // One in use stays.
+  const int held = hold(lock);
+  CHECK(!load_index(paths, cache, 1).built);
+  CHECK(std::filesystem::exists(lock));
+  ::close(held);
+}
+
+TEST_CASE("a waiter whose lock file its holder removed waits for the lock file the path names now") {
+  test::TempDir dir;
+  test::write_file(dir.file("a.txt"), sample_text(100), {});
+  const std::vector<std::string> paths{dir.file("a.txt")};
+  const std::string cache = dir.file("cache");
+  std::filesystem::create_directories(cache);
+  const std::string lock = index_cache_path(cache, {index_file_identity(paths[0])}) + ".lock";
+  const int first = hold(lock);
+  std::atomic<bool> done{false}, built{false};
+  std::thread opener([&] {
+    built = load_index(paths, cache, 1).built;
+    done = true;
+  });
+  const bool waited = someone_waits_on(first);  // the opener waits on the first lock file
+  CHECK(waited);
+  CHECK_EQ(::unlink(lock.c_str()), 0);  // its holder lets go as npyfeed does: removed while still held ...
+  const int second = hold(lock);        // ... and another process creates and takes a new one at once
+  ::close(first);
+  // The opener now holds the nameless first file: it must see that and wait for the second.
+  CHECK(someone_waits_on(second));
+  CHECK(!done);
+  ::close(second);
+  opener.join();
+  CHECK(done);
+  CHECK(built);
+  CHECK(!std::filesystem::exists(lock));
+}
+
+TEST_CASE("threads opening together build each entry once, and leave no lock file") {
+  test::TempDir dir;
+  std::vector<std::vector<std::string>> sets;
+  for (int s = 0; s < 4; ++s) {
+    test::write_file(dir.file("i" + std::to_string(s) + ".txt"), sample_text(3000, s), {});
+    sets.push_back({dir.file("i" + std::to_string(s) + ".txt")});
+  }
+  const std::string cache = dir.file("cache");
+  std::atomic<int> builds[4] = {0, 0, 0, 0};
+  std::atomic<bool> same{true};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 4; ++i) {
+        const int s = (i + t) % 4;
+        IndexLoad load = load_index(sets[s], cache, 1);
+        if (load.built) ++builds[s];
+        if (dump(load.index) != dump(read_index_files(sets[s]))) same = false;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (auto& b : builds) CHECK_EQ(b.load(), 1);
+  CHECK(same);
+  CHECK_EQ(names_in(cache).size(), 4u);
+  CHECK(!any_lock_file(cache));
 }
 
 TEST_CASE("the checksum sees every bit, at every length") {
