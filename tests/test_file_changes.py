@@ -2,7 +2,7 @@
 
 The matrix: {renamed over with the same shape, rewritten in place with the same size, truncated, grown by rows,
 deleted, made unreadable} x {mmap, read, direct} x {host shuffle=True, host shuffle="blocks", device resident
-(shuffle=True and "blocks"), device streamed} x {`.npy`, `.npz`}. The change comes after the source opened its
+(shuffle=True and "blocks"), device streamed, and npyfeed.tf.dataset's host gather} x {`.npy`, `.npz`}. The change comes after the source opened its
 files and before an epoch starts: that epoch refuses it, naming the file and what changed (docs/safety.md,
 "Files changed under a running job"). Then a change in the middle of an epoch: the paths that hold the file
 finish the epoch from the file they opened, the blocks paths refuse at the block that reads it again.
@@ -28,7 +28,9 @@ CHANGES = ["renamed_over", "rewritten_in_place", "truncated", "grown", "deleted"
 # What the refusal says was changed (file.cpp's check_same_file), per change.
 SAYS = {"renamed_over": "replaced by another file", "rewritten_in_place": "written in place",
         "truncated": "truncated", "grown": "grown", "deleted": "deleted since it was opened"}
-PATHS = ["host-shuffle", "host-blocks", "device-resident-shuffle", "device-resident-blocks", "device-streamed"]
+# The numpy iterator, npyfeed.tf.dataset (the host gather), and batches formed on the device (resident or streamed).
+PATHS = ["numpy-shuffle", "numpy-blocks", "tf-shuffle", "tf-blocks", "device-resident-shuffle",
+         "device-resident-blocks", "device-streamed"]
 
 
 def _factor(i: int) -> np.ndarray:
@@ -84,13 +86,15 @@ def _source(base, index: str, mode: str) -> npyfeed.WindowSource:
 
 def _read(src, path: str) -> list:
     """One epoch of `src` through `path`, as numpy batches."""
-    if path.startswith("host"):
-        shuffle = True if path == "host-shuffle" else "blocks"
+    shuffle = True if path.endswith("shuffle") else "blocks"
+    if path.startswith("numpy"):
         return list(src.batches(BATCH, shuffle=shuffle, seed=1, memory_budget=BUDGET))
     import npyfeed.tf
 
+    if path.startswith("tf"):
+        return [(x.numpy(), y.numpy()) for x, y in npyfeed.tf.dataset(src, BATCH, shuffle=shuffle, seed=1,
+                                                                       memory_budget=BUDGET)]
     kw = {"device_memory_budget": 4000} if path == "device-streamed" else {}  # the keys take 6,600 bytes
-    shuffle = True if path.endswith("shuffle") else "blocks"
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=shuffle, seed=1, memory_budget=BUDGET, gather="device",
                             device="/cpu:0", **kw)
     if path == "device-streamed":
@@ -99,9 +103,9 @@ def _read(src, path: str) -> list:
 
 
 def _refusal(path: str):
-    """What a refused read raises on `path`: npyfeed's own error on the host (and where the device's dataset is
-    made: its upload), TensorFlow's around it in a graph."""
-    if path.startswith("host"):
+    """What a refused read raises on `path`: npyfeed's own error from the numpy iterator (and where the device's
+    dataset is made: its upload), TensorFlow's around it in a graph."""
+    if path.startswith("numpy"):
         return OSError
     import tensorflow as tf
 
@@ -113,12 +117,12 @@ def _refusal(path: str):
 @pytest.mark.parametrize("mode", ["mmap", "read", "direct"])
 @pytest.mark.parametrize("path", PATHS)
 def test_a_file_changed_before_an_epoch_is_refused_by_it(tmp_path, path, mode, change, fmt):
-    if path.startswith("device"):
+    if not path.startswith("numpy"):
         pytest.importorskip("tensorflow")
     index = _data_set(tmp_path, fmt)
     src = _source(tmp_path, index, mode)
     want = list(src.batches(BATCH, shuffle=True if "shuffle" in path else "blocks", seed=1, memory_budget=BUDGET))
-    if path.startswith("device"):  # the device's batches are the host's (test_tf_device.py): here, before any change
+    if not path.startswith("numpy"):  # TensorFlow's batches are the numpy iterator's: here, before any change
         assert [x.tolist() for x, _ in _read(src, path)] == [x.tolist() for x, _ in want]
     victim = str(tmp_path / "factor" / f"{VICTIM}.{fmt}")
     _change(victim, change, fmt)
