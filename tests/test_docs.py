@@ -1,5 +1,6 @@
 """The documentation against the code: runnable blocks run, signature blocks show the defaults, every public name
-is on the API page, the benchmark block is what bench/report.py renders, every C++ unit is in the source map.
+is on the API page, the benchmark block is what bench/report.py renders, the benchmarks page stays short and every
+file in bench/results is cited, every C++ unit is in the source map.
 
 The blocks are those of docs/*.md and the README (tests/_doc_blocks.py: a block is marked by a ``<!-- runnable -->``
 or ``<!-- signature -->`` line just above its fence).
@@ -208,6 +209,50 @@ def test_the_benchmark_pages_are_rendered_from_the_committed_results():
     for figure in ("windows.svg", "stream.svg", "node.svg"):
         assert f"bench/results/{figure}" in tracked.stdout.split(), f"bench/results/{figure} is not committed"
         assert f"../bench/results/{figure}" in (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+
+
+RESULTS = ROOT / "bench" / "results"
+BENCHMARKS_PAGE_MAX_LINES = 400
+
+
+def _cites(text: str, name: str) -> bool:
+    """Whether `text` names the result file `name` as a current file: bare (``"windows.json"``, as report.py does)
+    or under bench/results/; a run in git's history (``git show REV:bench/results/NAME``) or a file of the same
+    name elsewhere (``/tmp/NAME``) does not count."""
+    for match in re.finditer(rf"(?<![\w.-]){re.escape(name)}(?![\w-]|\.\w)", text):
+        before = text[max(0, match.start() - 40):match.start()]
+        if before.endswith(":bench/results/") or (before.endswith("/") and not before.endswith("results/")):
+            continue
+        return True
+    return False
+
+
+def test_the_benchmarks_page_is_short():
+    lines = (DOCS / "benchmarks.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= BENCHMARKS_PAGE_MAX_LINES, (
+        f"docs/benchmarks.md has {len(lines)} lines, more than {BENCHMARKS_PAGE_MAX_LINES}: it is the page a user "
+        "reads (what each benchmark measures, the current figures and limits, targets, how to reproduce); the "
+        "story of a change belongs in its commit message")
+
+
+def test_every_result_file_is_cited():
+    """bench/results holds the current file of each benchmark: each is rendered by a script in bench/ or cited
+    by docs/ or the README. A run no page cites belongs in git's history, not in the tree."""
+    pages = [ROOT / "README.md", *DOCS.glob("*.md"), *DOCS.glob("*.rst"), *(ROOT / "bench").glob("*.py")]
+    text = "\n".join(page.read_text(encoding="utf-8") for page in pages)
+    files = sorted(path.name for path in RESULTS.iterdir())
+    assert len(files) >= 4
+    uncited = [name for name in files if not _cites(text, name)]
+    assert not uncited, (f"bench/results/{uncited} cited nowhere (docs/, README.md, bench/*.py): cite it where "
+                         "its figures are quoted, or git rm it (its history stays in git)")
+
+
+def test_every_cited_result_file_is_there():
+    for page in [ROOT / "README.md", *DOCS.glob("*.md")]:
+        for match in re.finditer(r"(?<![:\w])bench/results/([\w.-]+\.(?:json|svg))", page.read_text(encoding="utf-8")):
+            assert (RESULTS / match.group(1)).is_file(), (
+                f"{page.name} cites bench/results/{match.group(1)}, which is not there; a run in git's history is "
+                f"cited as `git show REV:bench/results/{match.group(1)}`")
 
 
 def test_report_renders_the_figures(tmp_path):
