@@ -27,6 +27,7 @@ PYTHON = pathlib.Path(__file__).resolve().parents[1] / "python" / "npyfeed"
 def compat():
     pytest.importorskip("tensorflow")
     import npyfeed._tf_compat
+    import npyfeed._tf_feed
     import npyfeed.tf  # noqa: F401
 
     return npyfeed._tf_compat
@@ -50,6 +51,26 @@ def _assert_batches(got, want):
     for (x, y), (wx, wy) in zip(got, want):
         np.testing.assert_array_equal(np.asarray(x), wx)
         np.testing.assert_array_equal(np.asarray(y), wy)
+
+
+def _maps(ds) -> list:
+    """The attributes of every map in the dataset's graph (its functions' included)."""
+    from tensorflow.core.framework import graph_pb2
+
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(ds._as_serialized_graph().numpy())
+    nodes = list(graph.node) + [node for f in graph.library.function for node in f.node_def]
+    maps = [node.attr for node in nodes if node.op == "MapDataset"]
+    assert maps
+    return maps
+
+
+def test_the_private_map_is_in_the_calling_thread(compat, src, monkeypatch):
+    # The control of the fallback's map check below: the private map has no inter-op pool.
+    monkeypatch.setenv("NPYFEED_TF_OPS", "1")
+    if npyfeed._tf_feed.native_ops() is None:
+        pytest.skip("npyfeed's op library did not load")
+    assert not all(attr["use_inter_op_parallelism"].b for attr in _maps(npyfeed.tf.dataset(src, BATCH)))
 
 
 def test_this_tensorflow_release_was_checked(compat):
@@ -120,6 +141,7 @@ def test_without_the_private_api_the_batches_are_the_same(compat, src, without_p
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3)
     it = iter(ds)
     assert not isinstance(it, compat.HostIterator) and not isinstance(ds, compat.HostDataset)  # TensorFlow's own
+    assert all(attr["use_inter_op_parallelism"].b for attr in _maps(ds))  # TensorFlow's own map
     _assert_batches(list(it), _expected(src, [0]))
     _assert_batches(list(ds.repeat(2)), _expected(src, [1, 2]))  # TensorFlow's repeat(): the next two passes
     step = tf.function(lambda iterator: next(iterator))

@@ -24,7 +24,9 @@ state is the positions (a few bytes), never batches, and a restored iterator gat
 
 TensorFlow's private API: this module uses public ``tf.data`` only; the map in the calling thread and the dataset
 and iterator classes come from `_tf_compat`, which falls back to public API (the same batches, more slowly) where
-a TensorFlow release lacks what they need.
+a TensorFlow release lacks what they need. What npyfeed keeps for a dataset it returned (its plan, the feed's
+registration, the arrays on the device, where its passes start) is in a registry of its own (`pipeline_of`), not
+in attributes of TensorFlow's objects.
 
 ``shuffle="blocks"``: a blocks epoch is read in order (files whole, within a memory budget); its stream also
 reads the blocks ahead within the budget.
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -285,17 +288,41 @@ def _device_options() -> tf.data.Options:
     return options
 
 
+class Pipeline(NamedTuple):
+    """What npyfeed keeps for a dataset `npyfeed.tf.dataset` returned (`pipeline_of`), for as long as the dataset
+    lives: an iterator holds its dataset, so all of this stays while anything can still ask for a batch."""
+
+    #: The plan (its ``_core``): the native feed's batches come from it, the fallback's gather holds it weakly.
+    batches: object
+    #: The native feed's registration, whose id the graph names (None for the fallback).
+    registration: object
+    #: gather="device": the arrays on the device (`_device.DeviceGather`); else None.
+    device: object
+    #: Where its passes start (`PassControl`), for `npyfeed.tf.EpochCallback`; None for ``repeat()``'s dataset.
+    passes: PassControl | None
+
+
+#: The datasets `npyfeed.tf.dataset` returned (and their ``repeat()``), each with its `Pipeline`; an entry goes
+#: with its dataset. Keyed by the dataset object (tf.data datasets hash by identity).
+_pipelines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def pipeline_of(ds) -> Pipeline | None:
+    """The `Pipeline` of `ds`, a dataset `npyfeed.tf.dataset` returned (or its ``repeat()``); None for any other
+    object (datasets derived from it included)."""
+    try:
+        return _pipelines.get(ds)
+    except TypeError:  # not weakly referenceable, or not hashable: not one of ours
+        return None
+
+
 def _hold(ds, batches, registration, passes, on_device=None):
-    """The dataset holds the plan (see `_tf_feed.FallbackGather`) and, on the native path, the feed's
-    `registration` its graph names by id: an iterator holds its dataset, so the feed stays registered while
-    anything can still ask it for a batch. With gather="device" it also holds the arrays on the device
-    (`_device.DeviceGather`). `passes`: where its passes start (`PassControl`; None for ``repeat()``)."""
-    ds._npyfeed_batches = batches
-    ds._npyfeed_feed = registration
-    ds._npyfeed_device = on_device
-    ds._npyfeed_passes = passes
-    # Live statistics of its plan (npyfeed.stats): on this dataset object, not on datasets derived from it.
-    ds._stats_core = lambda: batches.stats
+    """Registers `ds` as a pipeline's dataset: its `Pipeline` (the plan, the native feed's `registration`, the
+    arrays on the device, its `passes`) lives as long as it does, and its plan's statistics are npyfeed's
+    statistics of it (`npyfeed.stats`: of this dataset object, not of datasets derived from it)."""
+    _pipelines[ds] = Pipeline(batches, registration, on_device, passes)
+    _stats.register(ds, batches.stats)
+    # The one attribute set on TensorFlow's object: ``ds.stats()``, public API (docs: live statistics).
     ds.stats = lambda: _stats.as_dict(batches.stats.counts())
     return ds
 

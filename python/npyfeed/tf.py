@@ -214,7 +214,8 @@ class EpochCallback(_epochs.KerasEpochCallback, tf.keras.callbacks.Callback):
     """
 
     def __init__(self, ds):
-        passes = getattr(ds, "_npyfeed_passes", None)
+        pipeline = _tf_pipeline.pipeline_of(ds)
+        passes = None if pipeline is None else pipeline.passes
         if passes is None:
             raise TypeError("npyfeed.tf.EpochCallback needs a dataset returned by npyfeed.tf.dataset (not its "
                             f"repeat(), nor a dataset derived from it), got {type(ds).__name__}")
