@@ -74,6 +74,13 @@ def numpy_function_path(tf):
         pytest.skip("tests the numpy_function path's gather")
 
 
+def _pipeline(ds):
+    """What npyfeed keeps for a dataset it returned: its plan (``batches``), the arrays on the device (``device``)."""
+    import npyfeed._tf_pipeline
+
+    return npyfeed._tf_pipeline.pipeline_of(ds)
+
+
 def _make_arrays():
     """Factors (float64, converted to float32 by the source) and labels whose column 0 names the sample."""
     rng = np.random.default_rng(20240611)
@@ -162,7 +169,7 @@ def test_batches_equal_the_numpy_iterator_and_slicing(tf, src, data, shuffle):
     ds = npyfeed.tf.dataset(src, 8, shuffle=shuffle, seed=7)
     actual = _tf_pass(ds)
     _assert_batches_equal(actual, list(src.batches(8, shuffle=shuffle, seed=7, epoch=0)))
-    assert ds._npyfeed_batches.streams_started == 1  # asked in order: one stream, reading ahead, served the pass
+    assert _pipeline(ds).batches.streams_started == 1  # asked in order: one stream, reading ahead, served the pass
     order = src.epoch_order(0, shuffle=shuffle, seed=7)
     ref_x, ref_y = _reference(data)
     np.testing.assert_array_equal(np.concatenate([x for x, _ in actual]), ref_x[order], strict=True)
@@ -180,7 +187,7 @@ def test_blocks_equal_the_numpy_iterator(tf, src, data, budget):
         _, ref_y = _reference(data)
         np.testing.assert_array_equal(np.concatenate([y for _, y in actual]), ref_y[order], strict=True)
     # TensorFlow asked for the positions in order: one stream per pass, none started again.
-    assert ds._npyfeed_batches.streams_started == 2
+    assert _pipeline(ds).batches.streams_started == 2
 
 
 @pytest.mark.parametrize("budget", [1, 5000], ids=["key_per_block", "two_keys_per_block"])
@@ -193,7 +200,7 @@ def test_blocks_repeat_and_input_context_shards(tf, src, id_of, budget):
         per_epoch = [list(src.batches(4, shuffle="blocks", seed=5, epoch=e, num_shards=2, shard_index=i,
                                       memory_budget=budget)) for e in range(epochs)]
         _assert_batches_equal(actual, [b for batches in per_epoch for b in batches])
-        assert ds._npyfeed_batches.streams_started == epochs  # in order, epoch after epoch
+        assert _pipeline(ds).batches.streams_started == epochs  # in order, epoch after epoch
         at = 0
         for e, batches in enumerate(per_epoch):
             seen[e] += [id_of[j] for _, y in actual[at:at + len(batches)] for j in _ids(y)]
@@ -647,7 +654,7 @@ _SCRIPTS = {
             break
         streamed = npyfeed.tf.dataset(src, 4, shuffle="blocks", memory_budget=1000, gather="device", device="/cpu:0",
                                       device_memory_budget=3000)
-        assert streamed._npyfeed_device.streams
+        assert npyfeed._tf_pipeline.pipeline_of(streamed).device.streams
         for x in streamed:
             break
         print("ok")
@@ -687,8 +694,9 @@ _SCRIPTS = {
         resident = npyfeed.tf.dataset(src, 4, shuffle=True, gather="device", device="/cpu:0")
         streamed = npyfeed.tf.dataset(src, 4, shuffle="blocks", memory_budget=1000, gather="device",
                                       device="/cpu:0", device_memory_budget=3000)
-        assert streamed._npyfeed_device.streams and not resident._npyfeed_device.streams
-        assert len(list(resident)) == len(list(streamed)) == len(resident._npyfeed_batches)
+        streamed_on, resident_on = (npyfeed._tf_pipeline.pipeline_of(d) for d in (streamed, resident))
+        assert streamed_on.device.streams and not resident_on.device.streams
+        assert len(list(resident)) == len(list(streamed)) == len(resident_on.batches)
         assert not npyfeed._tf_feed.python_calls.used, "the native path went through the exit hook's bookkeeping"
         print("ok")
     """,

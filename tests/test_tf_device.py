@@ -55,6 +55,13 @@ def _inputs(bounds="error", dtype="<f4", keys="abcde"):
     return index, factors, labels
 
 
+def _pipeline(ds):
+    """What npyfeed keeps for a dataset it returned: its plan (``batches``), the arrays on the device (``device``)."""
+    import npyfeed._tf_pipeline
+
+    return npyfeed._tf_pipeline.pipeline_of(ds)
+
+
 def _source(bounds="error", dtype="<f4", out="float32", keys="abcde"):
     return npyfeed.WindowSource.from_arrays(*_inputs(bounds, dtype, keys), WINDOW, dtype=out, bounds=bounds,
                                             cache=False)
@@ -155,7 +162,7 @@ def test_storage_dtype_rounds_hard_values_as_numpy(tf, storage, dtype):
     ds = npyfeed.tf.dataset(src, BATCH, gather="device", storage_dtype=storage, device="/cpu:0")
     kind = np.float16 if storage == "float16" else ml_dtypes.bfloat16
     wide = np.float64 if np.dtype(dtype).kind == "f" and np.dtype(dtype).itemsize > 4 else np.float32
-    for got, arrays in ((ds._npyfeed_device.factors, factors), (ds._npyfeed_device.labels, labels)):
+    for got, arrays in ((_pipeline(ds).device.factors, factors), (_pipeline(ds).device.labels, labels)):
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
             want = np.concatenate([arrays["a"], arrays["b"]]).astype(wide).astype(kind)
         want = np.concatenate([want, np.zeros((1, want.shape[1]), kind)])
@@ -169,9 +176,10 @@ def test_resident_upload_is_the_arrays_one_after_another(tf):
     astype), one after another in key order, then one zero row; read by the core through the source's readers."""
     src = _source("pad", dtype="<f8", out="float32")
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=2, gather="device")
-    assert not ds._npyfeed_device.streams
+    assert not _pipeline(ds).device.streams
     _assert_same(_pass(ds), list(src.batches(BATCH, shuffle=True, seed=2)))
-    for got, arrays in ((ds._npyfeed_device.factors, src._arrays[0]), (ds._npyfeed_device.labels, src._arrays[1])):
+    on_device = _pipeline(ds).device
+    for got, arrays in ((on_device.factors, src._arrays[0]), (on_device.labels, src._arrays[1])):
         expected = np.concatenate([np.asarray(a, np.float64).reshape(len(a), -1) for a in arrays]).astype(np.float32)
         np.testing.assert_array_equal(got.numpy(), np.concatenate([expected, np.zeros((1, expected.shape[1]),
                                                                                       np.float32)]))
@@ -210,10 +218,10 @@ def test_the_host_sends_start_rows_only(tf):
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, gather="device", drop_remainder=True)
     batches = _pass(ds)
     assert batches and all(x.shape == (BATCH, WINDOW, 3) for x, _ in batches)
-    assert ds._npyfeed_batches.streams_started == 0  # the host gather never ran
-    assert ds._npyfeed_device.host_bytes_per_step == 4 * 8 * BATCH  # four int64 per sample, no window
+    assert _pipeline(ds).batches.streams_started == 0  # the host gather never ran
+    assert _pipeline(ds).device.host_bytes_per_step == 4 * 8 * BATCH  # four int64 per sample, no window
     host_bytes = BATCH * (WINDOW * 3 + 2) * 4
-    assert ds._npyfeed_device.host_bytes_per_step < host_bytes
+    assert _pipeline(ds).device.host_bytes_per_step < host_bytes
 
 
 @pytest.mark.parametrize("shard_by", ["samples", "keys"])
@@ -232,7 +240,7 @@ def test_shards_cover_each_epoch_once(tf, shard_by):
         sizes.append(len(ids))
         if shard_by == "keys":  # each pipeline uploads its own keys only
             every_key = sum(a.size + b.size for a, b in zip(*src._arrays)) * 4
-            assert 0 < ds._npyfeed_device.uploaded_bytes < every_key / 2
+            assert 0 < _pipeline(ds).device.uploaded_bytes < every_key / 2
     assert sorted(seen) == list(range(len(src)))
 
 
@@ -283,7 +291,7 @@ def _streamed(src, device_memory_budget=STREAM_DEVICE, **kw):
 def test_blocks_over_the_device_budget_stream_each_block_once_per_epoch(tf, bounds):
     src = _stream_source(bounds)
     ds = _streamed(src, seed=5)
-    on_device = ds._npyfeed_device
+    on_device = _pipeline(ds).device
     assert on_device.streams and on_device.needed_bytes <= STREAM_DEVICE
     data_bytes = STREAM_KEYS * STREAM_ROWS * (3 + 2) * 4
     for epoch in range(2):
@@ -299,7 +307,7 @@ def test_blocks_over_the_device_budget_stream_each_block_once_per_epoch(tf, boun
         straddler_bytes = straddlers * ((BATCH * WINDOW + 1) * 3 + (BATCH + 1) * 2) * 4
         assert data_bytes <= uploaded <= data_bytes + len(table) * 5 * 4 + straddler_bytes
         assert uploaded == on_device.host_rows.streamed_epoch_bytes(epoch)  # what bench_gpu counts, without IO
-    assert ds._npyfeed_batches.streams_started == 0  # the plan's host gather never ran
+    assert _pipeline(ds).batches.streams_started == 0  # the plan's host gather never ran
     assert on_device.host_bytes_per_step == 4 * 8 * BATCH  # per step, four int64 per sample
     # The plan's statistics: what was uploaded, and the samples of both epochs' batches formed on the device.
     assert ds.stats()["device_bytes"] == on_device.uploaded_bytes
@@ -320,8 +328,8 @@ def test_streamed_blocks_resume_from_a_checkpoint(tf, tmp_path):
 def test_streamed_storage_dtype_rounds_once_as_numpy(tf, dtype):
     src = _stream_source("pad", dtype=dtype)
     ds = _streamed(src, seed=1, storage_dtype="float16", device_memory_budget=8000)  # the half that fits 12000
-    assert ds._npyfeed_device.streams
-    table = ds._npyfeed_device.groups(0)
+    assert _pipeline(ds).device.streams
+    table = _pipeline(ds).device.groups(0)
     assert (table[:, 2] != table[:, 3]).any()  # batches over two blocks too
     # The source's values rounded to float16 once (from float64 too, as numpy's astype), returned as float32.
     ref = _stream_source("pad", dtype=dtype, out="float64")
@@ -351,10 +359,10 @@ def test_in_a_graph_large_arrays_stream_or_are_refused(tf, monkeypatch):
     graph = tf.Graph()
     with graph.as_default():
         ds = npyfeed.tf.dataset(src, BATCH, shuffle="blocks", memory_budget=STREAM_BLOCKS, seed=8, gather="device")
-        assert ds._npyfeed_device.streams
+        assert _pipeline(ds).device.streams
         x, y = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
         with tf.compat.v1.Session() as session:
-            got = [tuple(session.run([x, y])) for _ in range(len(ds._npyfeed_batches))]
+            got = [tuple(session.run([x, y])) for _ in range(len(_pipeline(ds).batches))]
         with pytest.raises(ValueError, match=r"in a graph .* graph constants, at most 5000 bytes.*shuffle='blocks'"):
             npyfeed.tf.dataset(src, BATCH, shuffle=True, gather="device")
     _assert_same(got, list(src.batches(BATCH, shuffle="blocks", memory_budget=STREAM_BLOCKS, seed=8)))
@@ -374,7 +382,7 @@ def test_streamed_file_replaced_after_construction_names_it(tf, tmp_path):
     index = write_index(tmp_path / "index.txt", index_text(lines))
     src = npyfeed.WindowSource([index], tmp_path / "factor", tmp_path / "label", WINDOW, cache=False)
     ds = _streamed(src, seed=2)
-    assert ds._npyfeed_device.streams
+    assert _pipeline(ds).device.streams
     victim = tmp_path / "factor" / "k07.npy"
     it = iter(ds)
     next(it)  # past the epoch's start: the change is found by the read of a block, as shuffle="blocks" reads it
@@ -432,7 +440,7 @@ def test_npz_sources(tf, tmp_path, compress, streamed):
     else:
         ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=4, gather="device", device="/cpu:0")
         want = list(src.batches(BATCH, shuffle=True, seed=4))
-    assert ds._npyfeed_device.streams == streamed
+    assert _pipeline(ds).device.streams == streamed
     _assert_same(_pass(ds), want)
 
 
@@ -498,7 +506,7 @@ def test_another_device_than_the_host_gets_its_batches_there(tmp_path):
             _assert_same(got, list(want))
             x, y = next(iter(ds))
             assert x.device.endswith("CPU:1") and y.device.endswith("CPU:1"), (x.device, y.device)
-            print("streams" if ds._npyfeed_device.streams else "resident", len(got))
+            print("streams" if npyfeed._tf_pipeline.pipeline_of(ds).device.streams else "resident", len(got))
         with tf.device("/cpu:1"):  # the default device: the enclosing scope's
             x, _ = next(iter(npyfeed.tf.dataset(src, BATCH, gather="device")))
         print(x.device.endswith("CPU:1"))
@@ -511,7 +519,7 @@ def test_a_dropped_dataset_lets_its_device_arrays_go(tf):
     src = _source("pad")
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, gather="device")
     _pass(ds)
-    arrays = weakref.ref(ds._npyfeed_device)
+    arrays = weakref.ref(_pipeline(ds).device)
     del ds
     gc.collect()
     assert arrays() is None
@@ -538,7 +546,7 @@ def test_bad_arguments_fail_at_construction(tf):
 def test_keras_fit(tf, streamed):
     src = _stream_source("pad")
     ds = _streamed(src, seed=1) if streamed else npyfeed.tf.dataset(src, BATCH, shuffle=True, gather="device")
-    assert ds._npyfeed_device.streams == streamed
+    assert _pipeline(ds).device.streams == streamed
     model = tf.keras.Sequential([tf.keras.layers.Input((WINDOW, 3)), tf.keras.layers.Flatten(),
                                  tf.keras.layers.Dense(2)])
     model.compile("sgd", "mse")

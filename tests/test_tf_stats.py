@@ -4,8 +4,10 @@ epoch, its figures in Keras' logs, its line printed, and TensorBoard scalars tha
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
+import weakref
 
 import npyfeed
 import numpy as np
@@ -102,3 +104,28 @@ def test_stats_callback_watches_a_source_or_a_plan(tf, src):
         assert callback.epochs[0]["batches"] == src.num_batches(BATCH)
     with pytest.raises(TypeError, match="cannot find npyfeed statistics"):
         npyfeed.tf.StatsCallback(tf.data.Dataset.range(3))
+
+
+def test_npyfeed_keeps_what_it_knows_of_a_dataset_beside_it_not_on_it(tf, src):
+    # A registry of npyfeed's, keyed by the dataset: no attribute of npyfeed's on TensorFlow's object (but the
+    # public stats()), found for the dataset itself only, and gone with it.
+    import npyfeed._tf_pipeline
+
+    ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=1)
+    assert [name for name in vars(ds) if "npyfeed" in name or "stats" in name] == ["stats"]
+    pipeline = npyfeed._tf_pipeline.pipeline_of(ds)
+    assert pipeline.passes is not None and len(pipeline.batches) == src.num_batches(BATCH)
+    derived = ds.map(lambda x, y: (x, y))
+    assert npyfeed._tf_pipeline.pipeline_of(derived) is None
+    with pytest.raises(TypeError, match="cannot find npyfeed statistics"):
+        npyfeed.stats.StatsLogger(derived)
+    logger = npyfeed.stats.StatsLogger(ds)
+    logger.epoch_begin()
+    list(ds)
+    assert logger.epoch_end()["batches"] == src.num_batches(BATCH)
+    assert npyfeed._tf_pipeline.pipeline_of(tf.constant(1)) is None and npyfeed._tf_pipeline.pipeline_of(3) is None
+    gone = weakref.ref(ds)
+    del ds, derived, logger, pipeline
+    gc.collect()
+    assert gone() is None  # nothing of npyfeed's holds it
+

@@ -203,14 +203,17 @@ class FallbackFeed:
                                  stateful=False, name="npyfeed_group")
 
 
+#: The feeds' registrations each graph holds (`hold_in_graph`); an entry goes with its graph.
+_graph_feeds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_graph_feeds_lock = threading.Lock()
+
+
 def hold_in_graph(registration) -> None:
     """In a graph (tf.compat.v1, inside a tf.function) the pipeline outlives the Python dataset: the graph holds
     the feed's `registration` (as it holds a ``numpy_function``'s callable), and lets it go with the graph."""
     graph = tf.compat.v1.get_default_graph()
-    held = getattr(graph, "_npyfeed_feeds", None)
-    if held is None:
-        held = graph._npyfeed_feeds = []
-    held.append(registration)
+    with _graph_feeds_lock:
+        _graph_feeds.setdefault(graph, []).append(registration)
 
 
 class FallbackGather:

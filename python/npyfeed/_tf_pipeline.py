@@ -10,16 +10,23 @@ Every pipeline is native ``tf.data`` over positions, mapped through a gather of 
 The gather takes the batch from the plan (``WindowSource.plan``, ``Plan.take``: a C++ stream positioned at the
 next batch): the stream keeps the gathers of the next ``prefetch`` batches in flight by itself, as the numpy
 iterator does, so the thread pool never waits for TensorFlow's hand-off. So on the native path the pipeline has
-no ``prefetch`` of TensorFlow's and its map runs in the calling thread (`_map_in_caller`; the fallback keeps a
-parallel map of one call and a ``prefetch``): a step's ``next()`` takes a ready batch with no other thread woken
-(a ``prefetch`` and a parallel map each cost a thread hop per batch, and TensorFlow's idle inter-op workers spin;
-measured, 0.7-1 ms of CPU per batch on other threads, most of what an eager loop lost against the numpy
-iterator). The dataset's iterator (`HostIterator`) also skips TensorFlow's per-step executor switch in an eager
-loop, and in a graph takes the batch in the step's own thread (no hop to the iterator's background thread). A
-request for exactly the next batch is served from the stream; any other position (a restored checkpoint, a new
-epoch, a jump) starts a new stream there, so every batch is still a function of its position alone (and calls from several TensorFlow threads would be correct, only slower). Its iterator is checkpointable
+no ``prefetch`` of TensorFlow's and its map runs in the calling thread (`_tf_compat.map_in_caller`; the fallback
+keeps a parallel map of one call and a ``prefetch``): a step's ``next()`` takes a ready batch with no other thread
+woken (a ``prefetch`` and a parallel map each cost a thread hop per batch, and TensorFlow's idle inter-op workers
+spin; measured, 0.7-1 ms of CPU per batch on other threads, most of what an eager loop lost against the numpy
+iterator). The dataset's iterator (`_tf_compat.HostIterator`) also skips TensorFlow's per-step executor switch in
+an eager loop, and in a graph takes the batch in the step's own thread (no hop to the iterator's background
+thread). A request for exactly the next batch is served from the stream; any other position (a restored
+checkpoint, a new epoch, a jump) starts a new stream there, so every batch is still a function of its position
+alone (and calls from several TensorFlow threads would be correct, only slower). Its iterator is checkpointable
 (``tf.train.Checkpoint``): with symbolic checkpointing (``tf.data.Options.experimental_symbolic_checkpoint``) the
 state is the positions (a few bytes), never batches, and a restored iterator gathers the same batches again.
+
+TensorFlow's private API: this module uses public ``tf.data`` only; the map in the calling thread and the dataset
+and iterator classes come from `_tf_compat`, which falls back to public API (the same batches, more slowly) where
+a TensorFlow release lacks what they need. What npyfeed keeps for a dataset it returned (its plan, the feed's
+registration, the arrays on the device, where its passes start) is in a registry of its own (`pipeline_of`), not
+in attributes of TensorFlow's objects.
 
 ``shuffle="blocks"``: a blocks epoch is read in order (files whole, within a memory budget); its stream also
 reads the blocks ahead within the budget.
@@ -38,19 +45,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
+import weakref
 from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.autograph.core import ag_ctx as autograph_ctx
-from tensorflow.python.data.ops import dataset_ops, iterator_ops, map_op
-from tensorflow.python.data.util import structure
-from tensorflow.python.eager import context
-from tensorflow.python.framework import ops
-from tensorflow.python.ops import gen_dataset_ops
 
-from . import _checks, _core, _tf_feed
+from . import _checks, _core, _tf_compat, _tf_feed
 from . import stats as _stats
 
 
@@ -92,12 +93,12 @@ def _host_native(feed, spec: _BatchSpec, device: str | None):
         return spec.ensure(*feed.take(e, b))
 
     def finish(positions, cardinality):
-        ds = _map_in_caller(positions, load).apply(tf.data.experimental.assert_cardinality(cardinality))
+        ds = _tf_compat.map_in_caller(positions, load).apply(tf.data.experimental.assert_cardinality(cardinality))
         options = _pipeline_options()
         # The stream reads ahead by itself: a prefetch that tf.data would inject is one more thread hop per batch
         # and holds batches for nothing.
         options.experimental_optimization.inject_prefetch = False
-        if not _SYNCHRONOUS_MAP:
+        if not _tf_compat.map_is_synchronous():
             options.experimental_optimization.map_parallelization = False  # one take() at a time, in order
         return _prefetch_to(device, ds.with_options(options))
 
@@ -239,8 +240,9 @@ def _assemble(per_epoch, start_pass, finish, *, epoch: int, steps: int, hold, on
               host_scope=contextlib.nullcontext):
     """The dataset a pipeline returns: each pass starts where `start_pass` says (the next epoch's first batch,
     unless `PassControl` moved it), its positions (`per_epoch`) turned into batches by `finish(positions,
-    cardinality)`, made inside `host_scope`. Where its batches end on the host (`on_host`), a `HostDataset`, whose
-    ``repeat()`` reads consecutive epochs from a native range.
+    cardinality)`, made inside `host_scope`. Where its batches end on the host (`on_host`), a
+    `_tf_compat.HostDataset`, whose ``repeat()`` reads consecutive epochs from a native range (without TensorFlow's
+    private API: TensorFlow's dataset and ``repeat()``).
 
     A pass that starts at batch k of an epoch (Keras' step k, restored mid-epoch) has ``steps - k`` batches, and
     Keras asks for no more; its cardinality still says ``steps``."""
@@ -253,11 +255,12 @@ def _assemble(per_epoch, start_pass, finish, *, epoch: int, steps: int, hold, on
             epochs, cardinality = tf.data.Dataset.range(epoch, epoch + count), count * steps
         with host_scope():
             ds = finish(epochs.flat_map(per_epoch), cardinality)
-        return hold(HostDataset(ds) if on_host else ds, passes=None)  # its epochs are the range's, not Keras'
+        # Its epochs are the range's, not Keras': no passes to start.
+        return hold(_tf_compat.host_dataset(ds) if on_host else ds, passes=None)
 
     with host_scope():
         ds = finish(tf.data.Dataset.range(1).map(start_pass).flat_map(per_epoch), steps)
-    return hold(HostDataset(ds, repeat) if on_host else ds)
+    return hold(_tf_compat.host_dataset(ds, repeat) if on_host else ds)
 
 
 def _pipeline_options() -> tf.data.Options:
@@ -285,17 +288,41 @@ def _device_options() -> tf.data.Options:
     return options
 
 
+class Pipeline(NamedTuple):
+    """What npyfeed keeps for a dataset `npyfeed.tf.dataset` returned (`pipeline_of`), for as long as the dataset
+    lives: an iterator holds its dataset, so all of this stays while anything can still ask for a batch."""
+
+    #: The plan (its ``_core``): the native feed's batches come from it, the fallback's gather holds it weakly.
+    batches: object
+    #: The native feed's registration, whose id the graph names (None for the fallback).
+    registration: object
+    #: gather="device": the arrays on the device (`_device.DeviceGather`); else None.
+    device: object
+    #: Where its passes start (`PassControl`), for `npyfeed.tf.EpochCallback`; None for ``repeat()``'s dataset.
+    passes: PassControl | None
+
+
+#: The datasets `npyfeed.tf.dataset` returned (and their ``repeat()``), each with its `Pipeline`; an entry goes
+#: with its dataset. Keyed by the dataset object (tf.data datasets hash by identity).
+_pipelines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def pipeline_of(ds) -> Pipeline | None:
+    """The `Pipeline` of `ds`, a dataset `npyfeed.tf.dataset` returned (or its ``repeat()``); None for any other
+    object (datasets derived from it included)."""
+    try:
+        return _pipelines.get(ds)
+    except TypeError:  # not weakly referenceable, or not hashable: not one of ours
+        return None
+
+
 def _hold(ds, batches, registration, passes, on_device=None):
-    """The dataset holds the plan (see `_tf_feed.FallbackGather`) and, on the native path, the feed's
-    `registration` its graph names by id: an iterator holds its dataset, so the feed stays registered while
-    anything can still ask it for a batch. With gather="device" it also holds the arrays on the device
-    (`_device.DeviceGather`). `passes`: where its passes start (`PassControl`; None for ``repeat()``)."""
-    ds._npyfeed_batches = batches
-    ds._npyfeed_feed = registration
-    ds._npyfeed_device = on_device
-    ds._npyfeed_passes = passes
-    # Live statistics of its plan (npyfeed.stats): on this dataset object, not on datasets derived from it.
-    ds._stats_core = lambda: batches.stats
+    """Registers `ds` as a pipeline's dataset: its `Pipeline` (the plan, the native feed's `registration`, the
+    arrays on the device, its `passes`) lives as long as it does, and its plan's statistics are npyfeed's
+    statistics of it (`npyfeed.stats`: of this dataset object, not of datasets derived from it)."""
+    _pipelines[ds] = Pipeline(batches, registration, on_device, passes)
+    _stats.register(ds, batches.stats)
+    # The one attribute set on TensorFlow's object: ``ds.stats()``, public API (docs: live statistics).
     ds.stats = lambda: _stats.as_dict(batches.stats.counts())
     return ds
 
@@ -351,92 +378,3 @@ def _check_device(device: str) -> None:
     if index >= len(known):
         raise ValueError(f"device {device!r}: TensorFlow sees {len(known)} {kind} device(s) "
                          f"({', '.join(d.name for d in known) or 'none'})")
-
-
-class HostDataset(dataset_ops.UnaryUnchangedStructureDataset):
-    """The dataset of a pipeline whose batches end on the host's CPU: its ``repeat()`` reads consecutive epochs
-    from a native (checkpointed) range (`repeat` None: the one `npyfeed.tf.dataset` returned, whose repeat is
-    TensorFlow's), and its iterators hand out batches with less Python per step (`HostIterator`)."""
-
-    def __init__(self, ds, repeat=None):
-        self._repeat = repeat
-        super().__init__(ds, ds._variant_tensor)
-
-    def repeat(self, count=None, name=None):
-        """Epochs ``epoch, epoch + 1, ...``: `count` of them (None or -1: forever), checkpointable."""
-        if self._repeat is None:
-            return super().repeat(count, name=name)
-        return self._repeat(count)
-
-    def __iter__(self):
-        if tf.executing_eagerly() or tf.inside_function():
-            with ops.colocate_with(self._variant_tensor):  # as TensorFlow's own __iter__
-                return HostIterator(self)
-        return super().__iter__()  # (raises TensorFlow's own error)
-
-
-class HostIterator(iterator_ops.OwnedIterator):
-    """TensorFlow's iterator, with a shorter step.
-
-    Eager: ``OwnedIterator``'s ``next()`` switches to a new synchronous executor and back, and repacks the element
-    through ``tf.nest``, per batch (measured: a quarter of an eager loop's Python time per step). Where the
-    thread's executor is already synchronous (TensorFlow's default), this reads ``(x, y)`` straight from the
-    iterator op; otherwise TensorFlow's own ``next()``.
-
-    In a graph (a ``tf.function``, Keras' train step): ``IteratorGetNextSync``, which takes the batch in the thread
-    running the step, instead of ``IteratorGetNext``, which hands each call to the iterator's background thread
-    and wakes the step's thread when it is done (two thread hops per batch). The pipeline's map runs in the
-    thread that asks, so blocking it waits on nothing of TensorFlow's pool. A ``tf.function`` the iterator is
-    passed to traces it as a `HostIteratorSpec` (its tracing type only), so that it gets this iterator again.
-    Otherwise it is an ``OwnedIterator`` to TensorFlow: its type (``tf.data.IteratorSpec``, so SavedModel
-    signatures, ``is_compatible_with``, ``tf.nest``), checkpoints, and the guard against unrolled ``next()``
-    calls in a graph without AutoGraph."""
-
-    def _next_internal(self):
-        if not tf.executing_eagerly():
-            if autograph_ctx.control_status_ctx().status == autograph_ctx.Status.DISABLED:
-                self._get_next_call_count += 1  # as TensorFlow's: a Python loop unrolled into the graph
-                if self._get_next_call_count > iterator_ops.GET_NEXT_CALL_ERROR_THRESHOLD:
-                    raise ValueError(iterator_ops.GET_NEXT_CALL_ERROR_MESSAGE)
-            with ops.colocate_with(self._iterator_resource):
-                flat = gen_dataset_ops.iterator_get_next_sync(self._iterator_resource,
-                                                              output_types=self._flat_output_types,
-                                                              output_shapes=self._flat_output_shapes)
-            return structure.from_compatible_tensor_list(self._element_spec, flat)
-        if context.context().executor.is_async():
-            return super()._next_internal()
-        x, y = gen_dataset_ops.iterator_get_next(self._iterator_resource, output_types=self._flat_output_types,
-                                                 output_shapes=self._flat_output_shapes)
-        return x, y
-
-    def __tf_tracing_type__(self, tracing_context):
-        return HostIteratorSpec(self.element_spec).__tf_tracing_type__(tracing_context)
-
-
-class HostIteratorSpec(iterator_ops.IteratorSpec):
-    """How a ``tf.function`` traces a `HostIterator`: its placeholder inside the function is a `HostIterator` (not
-    an ``OwnedIterator``). Only a tracing type: the iterator's own type stays TensorFlow's ``IteratorSpec``."""
-
-    __slots__ = []
-
-    @property
-    def value_type(self):
-        return HostIterator
-
-    def _from_components(self, components):
-        return HostIterator(dataset=None, components=components, element_spec=self._element_spec)
-
-
-def _map_in_caller(ds, fn):
-    """``ds.map(fn)`` that calls `fn` in the thread asking for the element, one call at a time: no thread pool, no
-    other thread to wake per batch (``use_inter_op_parallelism=False``; tf.data's own map runs its function on
-    TensorFlow's inter-op pool, whose idle workers spin), never made parallel by tf.data's rewrites
-    (``force_synchronous``, or where TensorFlow lacks it, ``map_parallelization`` off in the options)."""
-    if _SYNCHRONOUS_MAP:
-        return map_op._MapDataset(ds, fn, force_synchronous=True, use_inter_op_parallelism=False,
-                                  preserve_cardinality=True)
-    return map_op._MapDataset(ds, fn, use_inter_op_parallelism=False, preserve_cardinality=True)
-
-
-#: Whether this TensorFlow's map takes ``force_synchronous`` (2.16 and later; 2.15 does not).
-_SYNCHRONOUS_MAP = "force_synchronous" in inspect.signature(map_op._MapDataset.__init__).parameters

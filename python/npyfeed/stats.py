@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 
 __all__ = ["FIELDS", "INPUT_BOUND", "CPU_WAIT", "as_dict", "difference", "summary", "thread_times", "cpu_share",
            "cpu_summary", "StatsLogger", "EpochStatsCallback"]
@@ -205,10 +206,31 @@ class StatsLogger:
         return as_dict(difference(now, before))
 
 
+#: Objects of other libraries (a dataset of `npyfeed.tf.dataset`) and the core ``PipelineStats`` of their plan,
+#: for as long as each object lives: npyfeed sets no attribute on them.
+_registered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def register(obj, core_stats) -> None:
+    """Makes `core_stats` (a plan's core ``PipelineStats``) the statistics of `obj`, an object of another library
+    (a ``tf.data`` dataset), while `obj` lives (`raw_counts_of`)."""
+    _registered[obj] = core_stats
+
+
+def _registered_stats(obj):
+    try:
+        return _registered.get(obj)
+    except TypeError:  # not weakly referenceable, or not hashable: not registered
+        return None
+
+
 def raw_counts_of(obj):
     """The function returning the raw counters of `obj`: a `WindowSource`, `Plan`, `BatchIterator`, a dataset of
-    `npyfeed.tf.dataset`, an adapter with a ``stats()`` method backed by a plan, or a core ``PipelineStats``."""
-    core = getattr(obj, "_stats_core", None)
+    `npyfeed.tf.dataset` (`register`), an adapter with a ``stats()`` method backed by a plan, or a core
+    ``PipelineStats``."""
+    core = _registered_stats(obj)
+    if core is None:
+        core = getattr(obj, "_stats_core", None)
     if callable(core):
         core = core()
     elif core is None and hasattr(obj, "counts"):

@@ -10,7 +10,7 @@ holds positions, never batches). Errors of a gather (a truncated file, a bad hea
 ``tf.errors.OpError`` with npyfeed's message, which names the file, index line or key.
 
 How the pipelines are built is in `_tf_pipeline`; how they reach their plan (the op library, the fallback and
-its exit hook) in `_tf_feed`.
+its exit hook) in `_tf_feed`; the private TensorFlow API they use, and its public fallback, in `_tf_compat`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 
 import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
 
 from . import _checks, _epochs, _tf_pipeline
 from . import stats as _stats
@@ -215,7 +214,8 @@ class EpochCallback(_epochs.KerasEpochCallback, tf.keras.callbacks.Callback):
     """
 
     def __init__(self, ds):
-        passes = getattr(ds, "_npyfeed_passes", None)
+        pipeline = _tf_pipeline.pipeline_of(ds)
+        passes = None if pipeline is None else pipeline.passes
         if passes is None:
             raise TypeError("npyfeed.tf.EpochCallback needs a dataset returned by npyfeed.tf.dataset (not its "
                             f"repeat(), nor a dataset derived from it), got {type(ds).__name__}")
@@ -264,7 +264,7 @@ class StatsCallback(_stats.EpochStatsCallback, tf.keras.callbacks.Callback):
             self._writer = tf.summary.create_file_writer(self.log_dir)
         # tf.summary.write with the scalars plugin's metadata is what tf.summary.scalar writes; that one needs the
         # TensorBoard package, which TensorFlow no longer installs.
-        metadata = summary_pb2.SummaryMetadata()
+        metadata = tf.compat.v1.SummaryMetadata()
         metadata.plugin_data.plugin_name = "scalars"
         with self._writer.as_default():
             for name in self.SCALARS:
