@@ -18,7 +18,7 @@ __all__ = ["Header", "read_header", "load", "load_many", "load_factor_files", "M
 
 log = logging.getLogger("npyfeed")
 
-#: The read modes. "auto" means "read" for whole-file loads and "mmap" for `WindowSource` (see the README).
+#: The read modes. "auto" means "read" for whole-file loads and "mmap" for `WindowSource` (docs/modes.md).
 MODES = ("auto", "mmap", "read", "direct")
 
 PathLike = "str | os.PathLike[str]"
@@ -125,7 +125,7 @@ def load(path, *, mode: str = "auto", threads: int | None = None, populate: bool
         A `.npy` file, or a `.npz` archive (by its name): then the result is a dict ``{member: array}``
         equal to ``dict(np.load(path))``, every member loaded now (in parallel).
     mode : {"auto", "mmap", "read", "direct"}
-        How to read it (see the README). ``"auto"`` (the default) is ``"read"``: an owned, writable array like
+        How to read it (docs/modes.md). ``"auto"`` (the default) is ``"read"``: an owned, writable array like
         ``np.load``'s. ``"mmap"`` returns a read-only zero-copy view (for `.npz`: of stored members whose data is
         aligned for their dtype; other members are read-only copies).
     threads : int, optional

@@ -395,7 +395,7 @@ class WindowSource:
         if available is not None and data > available:
             log.warning("npyfeed: shuffle=True over %.1f GB of files with %.1f GB of memory available: each sample "
                         "is then a random read from disk; shuffle=\"blocks\" reads every file once per epoch, "
-                        "in sequence (see the README)", data / 1e9, available / 1e9)
+                        "in sequence (docs/blocks.md)", data / 1e9, available / 1e9)
 
     @property
     def files(self) -> tuple:
