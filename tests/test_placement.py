@@ -294,7 +294,8 @@ def test_the_package_reads_the_environment_in_one_place():
             assert name in _resources.ENVIRONMENT, name
     with pytest.raises(KeyError):
         _resources.environment("HOME")
-    documented = (root.parent.parent / "docs" / "one-node.md").read_text()
+    # The repository's docs, beside tests/ (the package may be installed anywhere, a wheel's or a source build's).
+    documented = (Path(__file__).resolve().parent.parent / "docs" / "one-node.md").read_text()
     for name in _resources.ENVIRONMENT:
         assert f"`{name}`" in documented, name
 

@@ -15,5 +15,7 @@ void bind_plans(pybind11::module_& m);
 void bind_device(pybind11::module_& m);
 /// npyfeed.tf's feeds for its op library (tf_feed.cpp).
 void bind_tf_feed(pybind11::module_& m);
+/// What the build holds and what it uses on this machine (build_info.cpp).
+void bind_build_info(pybind11::module_& m);
 
 }  // namespace npyfeed::bindings

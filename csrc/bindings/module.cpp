@@ -56,4 +56,5 @@ PYBIND11_MODULE(_core, m) {
   bind_plans(m);
   bind_device(m);
   bind_tf_feed(m);
+  bind_build_info(m);
 }

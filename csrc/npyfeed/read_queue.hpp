@@ -29,6 +29,9 @@ namespace npyfeed {
 /// refuses it under seccomp or io_uring_disabled, says no).
 bool io_uring_enabled();
 
+/// Whether this build has liburing (io_uring_enabled() is false without it, whatever the kernel allows).
+bool io_uring_built() noexcept;
+
 /// How one queued read ended, handed to its callback: `done` bytes from the start of the request (past
 /// `need` when complete), `error` an errno (0: none), `stalled` when reads stopped making progress short of
 /// `need` without reaching the end of the file (O_DIRECT: the file ends inside a block, or the device keeps
@@ -80,7 +83,23 @@ class ReadQueue {
   std::byte* stage(std::size_t bytes, std::size_t align);
 
  private:
-  struct Request;
+  // Defined here, not only declared: std::deque, unlike std::vector, needs a complete element type (libc++
+  // refuses an incomplete one).
+  struct Request {
+    int fd;
+    std::byte* dest;
+    std::uint64_t offset;
+    std::uint64_t length;
+    std::uint64_t need;
+    std::uint64_t align;
+    std::function<void(const QueuedReadResult&)> done;
+    QueuedReadResult result;
+    bool finished = false;
+    int again = 0;
+    // The piece the next (or the running) read asks for: [at, at + want) from the start of the request.
+    std::uint64_t at() const;
+    std::uint64_t want() const;
+  };
   struct Ring;
   void run_blocking(std::uint64_t until);
   bool pump(unsigned wait_nr);

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "npyfeed/detail/cpu_features.hpp"
 #include "npyfeed/detail/stream_copy.hpp"
 
 namespace npyfeed::detail {
@@ -306,9 +307,8 @@ enum class Isa { kBaseline, kAvx2, kAvx512 };
 
 Isa isa() {
   static const Isa chosen = [] {
-    __builtin_cpu_init();
-    if (use_avx512() && __builtin_cpu_supports("avx512bw")) return Isa::kAvx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return Isa::kAvx2;
+    if (use_avx512() && cpu_features().avx512bw) return Isa::kAvx512;
+    if (cpu_features().avx2 && cpu_features().f16c) return Isa::kAvx2;
     return Isa::kBaseline;
   }();
   return chosen;

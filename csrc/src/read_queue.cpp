@@ -43,21 +43,8 @@ namespace detail {
 void set_completion_hook(CompletionHook hook) noexcept { completion_hook.store(hook, std::memory_order_relaxed); }
 }  // namespace detail
 
-struct ReadQueue::Request {
-  int fd;
-  std::byte* dest;
-  std::uint64_t offset;
-  std::uint64_t length;
-  std::uint64_t need;
-  std::uint64_t align;
-  std::function<void(const QueuedReadResult&)> done;
-  QueuedReadResult result;
-  bool finished = false;
-  int again = 0;
-  // The piece the next (or the running) read asks for: [at, at + want) from the start of the request.
-  std::uint64_t at() const { return align_down(result.done, align); }
-  std::uint64_t want() const { return std::min(length - at(), kMaxPiece); }
-};
+std::uint64_t ReadQueue::Request::at() const { return align_down(result.done, align); }
+std::uint64_t ReadQueue::Request::want() const { return std::min(length - at(), kMaxPiece); }
 
 #ifdef NPYFEED_HAVE_LIBURING
 struct ReadQueue::Ring {
@@ -92,6 +79,14 @@ bool io_uring_enabled() {
 struct ReadQueue::Ring {};
 bool io_uring_enabled() { return false; }
 #endif
+
+bool io_uring_built() noexcept {
+#ifdef NPYFEED_HAVE_LIBURING
+  return true;
+#else
+  return false;
+#endif
+}
 
 ReadQueue& ReadQueue::this_thread() {
   thread_local std::unique_ptr<ReadQueue> queue;

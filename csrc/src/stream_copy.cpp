@@ -5,9 +5,7 @@
 #include <optional>
 #include <string>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
-#endif
+#include "npyfeed/detail/cpu_features.hpp"
 
 namespace npyfeed::detail {
 
@@ -21,21 +19,6 @@ std::optional<bool> env_switch(const char* name) {
   return std::nullopt;
 }
 
-// The CPU's vendor string (CPUID leaf 0), or "" where there is none.
-std::string cpu_vendor() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return {};
-  char vendor[12];
-  std::memcpy(vendor, &b, 4);
-  std::memcpy(vendor + 4, &d, 4);
-  std::memcpy(vendor + 8, &c, 4);
-  return std::string(vendor, sizeof vendor);
-#else
-  return {};
-#endif
-}
-
 }  // namespace
 
 bool stream_batch(std::uint64_t batch_bytes) {
@@ -43,7 +26,7 @@ bool stream_batch(std::uint64_t batch_bytes) {
 }
 
 bool prefetch_read_once() {
-  static const bool on_this_cpu = cpu_vendor() == "AuthenticAMD";
+  static const bool on_this_cpu = cpu_features().vendor == "AuthenticAMD";
   return env_switch("NPYFEED_PREFETCH").value_or(on_this_cpu);
 }
 
@@ -91,12 +74,8 @@ __attribute__((target("avx512f"))) void stream_avx512(std::byte* dst, const std:
 
 bool use_avx512() noexcept {
 #if NPYFEED_STREAMING_STORES
-  // __builtin_cpu_supports checks that the kernel saves the AVX-512 registers too (XGETBV); __builtin_cpu_init
-  // in case this first runs among the library's constructors.
-  static const bool on = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0 && env_switch("NPYFEED_AVX512").value_or(true);
-  }();
+  // cpu_features() checks that the kernel saves the AVX-512 registers too (XGETBV).
+  static const bool on = cpu_features().avx512f && env_switch("NPYFEED_AVX512").value_or(true);
   return on;
 #else
   return false;

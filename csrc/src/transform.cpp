@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "npyfeed/detail/convert.hpp"
+#include "npyfeed/detail/cpu_features.hpp"
 #include "npyfeed/detail/stream_copy.hpp"
 #include "npyfeed/errors.hpp"
 
@@ -279,7 +280,7 @@ FinishFn<Out> finish_kernel() {
   }
 #endif
 #ifdef NPYFEED_HAVE_AVX2_KERNELS
-  if (__builtin_cpu_supports("avx2")) return &finish_rows_avx2<Out, F>;
+  if (detail::cpu_features().avx2) return &finish_rows_avx2<Out, F>;
 #endif
   return &finish_rows<Out, F>;
 }

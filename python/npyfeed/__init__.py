@@ -2,6 +2,7 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+from ._build_info import build_info
 from ._core import ClosedError, FileChangedError, NpyFormatError
 from .index_check import IndexProblem, IndexReport, check_index
 from .loading import MODES, Header, load, load_factor_files, load_many, read_header
@@ -45,5 +46,6 @@ __all__ = [
     "warm",
     "WarmReport",
     "DirectoryResidency",
+    "build_info",
     "__version__",
 ]

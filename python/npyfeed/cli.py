@@ -69,7 +69,34 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_warm_parser(sub)
     _add_bench_parser(sub)
     _add_demo_parser(sub)
+    _add_info_parser(sub)
     return parser
+
+
+def _add_info_parser(sub) -> None:
+    p = sub.add_parser(
+        "info", help="what this build holds and uses here: compiler, glibc, io_uring, AVX-512/AVX2, op library",
+        description="Print npyfeed.build_info(): the compiler and C++ library the build used, the glibc it targets, "
+                    "whether io_uring is compiled in and usable here, whether AVX2 and AVX-512 are available and "
+                    "used, whether zlib is compiled in, and npyfeed.tf's op library. TensorFlow is not imported "
+                    "unless --tf is given.")
+    p.add_argument("--tf", action="store_true",
+                   help="also import TensorFlow and load the op library, to say whether it loads")
+    p.add_argument("--json", action="store_true", help="print the dict as JSON")
+    p.set_defaults(func=_cmd_info)
+
+
+def _cmd_info(args) -> int:
+    from ._build_info import build_info, format_build_info
+
+    info = build_info(tf=args.tf)
+    if args.json:
+        import json
+
+        print(json.dumps(info, indent=2))
+    else:
+        print(format_build_info(info))
+    return 0
 
 
 def _add_demo_parser(sub) -> None:
