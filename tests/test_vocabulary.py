@@ -187,3 +187,29 @@ def test_tf_dataset_takes_the_plain_shard_arguments_and_the_same_defaults(src):
     nftf.dataset(src, 4, epoch=EPOCH_LIMIT - 1)
     with pytest.raises(ValueError, match=r"epoch must be an integer in \[0, 2\*\*62\)"):
         nftf.dataset(src, 4, epoch=EPOCH_LIMIT)
+
+
+def test_a_wrong_type_raises_the_packages_argument_type_error(src, tmp_path):
+    # ArgumentTypeError is a TypeError and a ValueError: code catching either keeps working.
+    from npyfeed._checks import ArgumentTypeError
+
+    rng = np.random.default_rng(1)
+    factors = {"a": rng.standard_normal((20, 3)).astype(np.float32)}
+    labels = {"a": rng.standard_normal((20, 2)).astype(np.float32)}
+    index = [(5, 5, "a")]
+    for options in ({"features": [0, "1"]}, {"features": 1.5}, {"nan": "zero"}, {"normalize": 0.5},
+                    {"normalize": "ab"}):
+        with pytest.raises(ArgumentTypeError):
+            npyfeed.WindowSource.from_arrays(index, factors, labels, 4, **options)
+    with pytest.raises(ArgumentTypeError, match="expected a path"):
+        npyfeed.read_header(3.5)
+    with pytest.raises(ArgumentTypeError, match="cannot find npyfeed statistics"):
+        npyfeed.stats.raw_counts_of(object())
+    if _keras3():
+        import npyfeed.keras as nfk
+
+        with pytest.raises(ArgumentTypeError, match="workers"):
+            nfk.PyDataset(src, 8, workers="1")
+        with pytest.raises(ValueError, match="workers") as e:
+            nfk.PyDataset(src, 8, workers=2)
+        assert not isinstance(e.value, TypeError)

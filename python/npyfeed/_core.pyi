@@ -4,6 +4,10 @@ from typing import Callable
 
 import numpy as np
 
+# A path as the core takes it: the callers pass os.fsencode()d bytes (names that are not utf-8 reach it intact);
+# str is encoded as utf-8.
+_Path = str | bytes
+
 class NpyFormatError(ValueError):
     path: str
     offset: int
@@ -13,10 +17,10 @@ class FileChangedError(OSError): ...
 
 class ClosedError(RuntimeError): ...
 
-def read_header(path: str, max_header_size: int = 10000) -> dict: ...
+def read_header(path: _Path, max_header_size: int = 10000) -> dict: ...
 def parse_header_bytes(data: bytes, max_header_size: int = 10000) -> dict: ...
 def load_many(
-    paths: Sequence[str],
+    paths: Sequence[_Path],
     mode: str,
     threads: int,
     max_header_size: int,
@@ -27,7 +31,7 @@ def load_many(
     io_priority: tuple[int, int] | None = None,
 ) -> list[tuple[np.ndarray, bool]]: ...
 def load_npz_many(
-    paths: Sequence[str],
+    paths: Sequence[_Path],
     mode: str,
     threads: int,
     max_header_size: int,
@@ -36,7 +40,7 @@ def load_npz_many(
     nice: int | None = None,
     io_priority: tuple[int, int] | None = None,
 ) -> list[list[tuple[str, np.ndarray]]]: ...
-def read_npz_headers(path: str, max_header_size: int) -> list[tuple[str, dict, str, int]]: ...
+def read_npz_headers(path: _Path, max_header_size: int) -> list[tuple[str, dict, str, int]]: ...
 
 have_inflate: bool
 
@@ -47,9 +51,13 @@ class SampleIndex:
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
     def where(self, sample: int) -> str: ...
 
-def check_index_files(paths: Sequence[str], threads: int, limit: int) -> tuple[SampleIndex, list[tuple[str, int, str]], int]: ...
-def load_index(paths: Sequence[str], cache_dir: str, threads: int) -> tuple[SampleIndex, str | None, bool, str]: ...
-def index_from_columns(feature_index: np.ndarray, label_index: np.ndarray, keys: Sequence[str], name: str) -> SampleIndex: ...
+def check_index_files(
+    paths: Sequence[_Path], threads: int, limit: int
+) -> tuple[SampleIndex, list[tuple[str, int, str]], int]: ...
+def load_index(paths: Sequence[_Path], cache_dir: _Path, threads: int) -> tuple[SampleIndex, str | None, bool, str]: ...
+def index_from_columns(
+    feature_index: np.ndarray, label_index: np.ndarray, keys: Sequence[str], name: str
+) -> SampleIndex: ...
 
 class BatchStream:
     def __next__(self) -> tuple[np.ndarray, np.ndarray]: ...
@@ -136,8 +144,8 @@ def prefetch_read_once() -> bool: ...
 def uses_avx512() -> bool: ...
 def open_window_files(
     index: SampleIndex,
-    factor_paths: Sequence[str],
-    label_paths: Sequence[str],
+    factor_paths: Sequence[_Path],
+    label_paths: Sequence[_Path],
     window: int,
     dtype: str,
     bounds: str,
@@ -168,7 +176,7 @@ def window_source_from_arrays(
     transform: dict | None = None,
 ) -> WindowSourceCore: ...
 def warm_files(
-    paths: Sequence[str],
+    paths: Sequence[_Path],
     threads: int,
     read: bool,
     progress: Callable[[int, int], None] | None = None,

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._checks import ArgumentTypeError
+
 #: The keyword arguments that `transform_spec` takes, shared by every WindowSource constructor.
 OPTIONS = ("features", "label_columns", "nan", "posinf", "neginf", "normalize")
 
@@ -28,19 +30,19 @@ def _columns(value, name: str):
     if isinstance(value, slice):
         for part in (value.start, value.stop, value.step):
             if part is not None and not _integer(part):
-                raise TypeError(f"{name}: slice bounds must be integers or None, got {value!r}")
+                raise ArgumentTypeError(f"{name}: slice bounds must be integers or None, got {value!r}")
         return slice(*(None if p is None else int(p) for p in (value.start, value.stop, value.step)))
     if isinstance(value, np.ndarray):
         if value.ndim != 1 or not (value.size == 0 or np.issubdtype(value.dtype, np.integer)):
-            raise TypeError(f"{name} must be a sequence of integers or a slice, got an array of dtype {value.dtype} "
-                            f"and shape {value.shape}")
+            raise ArgumentTypeError(f"{name} must be a sequence of integers or a slice, got an array of dtype "
+                                    f"{value.dtype} and shape {value.shape}")
         return [int(c) for c in value]
     if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, range)):
-        raise TypeError(f"{name} must be a sequence of integers or a slice, got {value!r}")
+        raise ArgumentTypeError(f"{name} must be a sequence of integers or a slice, got {value!r}")
     columns = list(value)
     for c in columns:
         if not _integer(c):
-            raise TypeError(f"{name} must be a sequence of integers or a slice, got {c!r} among {value!r}")
+            raise ArgumentTypeError(f"{name} must be a sequence of integers or a slice, got {c!r} among {value!r}")
     return [int(c) for c in columns]
 
 
@@ -48,7 +50,7 @@ def _replacement(value, name: str):
     if value is None:
         return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
-        raise TypeError(f"{name} must be a float or None, got {value!r}")
+        raise ArgumentTypeError(f"{name} must be a float or None, got {value!r}")
     return float(value)
 
 
@@ -76,8 +78,9 @@ def transform_spec(features=None, label_columns=None, nan=None, posinf=None, neg
         "std": None,
     }
     if normalize is not None:
-        if isinstance(normalize, (str, bytes, np.ndarray)) or not isinstance(normalize, Sequence) or len(normalize) != 2:
-            raise TypeError(f"normalize must be a (mean, std) pair, got {normalize!r}")
+        if (isinstance(normalize, (str, bytes, np.ndarray)) or not isinstance(normalize, Sequence)
+                or len(normalize) != 2):
+            raise ArgumentTypeError(f"normalize must be a (mean, std) pair, got {normalize!r}")
         spec["mean"] = _statistic(normalize[0], "mean")
         spec["std"] = _statistic(normalize[1], "std")
     return None if all(v is None for v in spec.values()) else spec

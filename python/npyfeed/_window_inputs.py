@@ -72,7 +72,10 @@ def load_index(index_files, cache: bool, cache_dir, threads: int):
     None) and whether this call compiled the index files."""
     paths = [_native(p) for p in index_paths(index_files)]
     _checks.boolean(cache, "cache")
-    folder = "" if not cache else _native(_fspath(cache_dir)) if cache_dir is not None else _native(str(_default_cache_dir()))
+    if not cache:
+        folder = ""
+    else:
+        folder = _native(_fspath(cache_dir) if cache_dir is not None else str(_default_cache_dir()))
     index, cache_path, built, warning = _core.load_index(paths, folder, threads)
     if warning:
         log.warning("npyfeed: %s", warning)
@@ -139,11 +142,11 @@ def dense_keys(factor_dir: str, label_dir: str) -> list:
 def check_keys(keys) -> list:
     """The keys a user names for a dense source: distinct strings that each name a file."""
     if isinstance(keys, (str, bytes)) or not isinstance(keys, (Sequence, np.ndarray)):
-        raise TypeError(f"keys must be a sequence of key names, got {keys!r}")
+        raise _checks.ArgumentTypeError(f"keys must be a sequence of key names, got {keys!r}")
     out, seen = [], set()
     for k in keys:
         if not isinstance(k, str):
-            raise TypeError(f"keys must be strings, got {k!r}")
+            raise _checks.ArgumentTypeError(f"keys must be strings, got {k!r}")
         if not k or k in (".", "..") or "/" in k or "\0" in k or (os.sep != "/" and os.sep in k):
             raise ValueError(f"keys: {k!r} cannot name a file")
         if k in seen:

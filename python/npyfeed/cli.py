@@ -1,8 +1,9 @@
 """The ``npyfeed`` command.
 
 ``npyfeed scan PATH...`` checks every ``.npy`` file and ``.npz`` archive of a data set (header, dtype, size; for
-archives the zip directory and every member's header; with ``--data`` every byte, and every member's CRC-32) in parallel, before a multi-day job finds a bad one. Exit status: 0 when every file is good, 1 when any
-is bad (or none was found), 2 for a usage error, 130 when interrupted.
+archives the zip directory and every member's header; with ``--data`` every byte, and every member's CRC-32) in
+parallel, before a multi-day job finds a bad one. Exit status: 0 when every file is good, 1 when any is bad (or
+none was found), 2 for a usage error, 130 when interrupted.
 
 ``npyfeed scan FACTOR_DIR LABEL_DIR --index INDEX... --window W`` checks index files against those folders
 (``npyfeed.check_index``) and lists every problem with its file and line. Exit status: 0 when there is no error
@@ -130,10 +131,10 @@ def _positive_int(text: str) -> int:
 def _add_scan_parser(sub) -> None:
     p = sub.add_parser(
         "scan", help="check every .npy file and .npz archive under the given paths",
-        description="Check every .npy file and .npz archive under the given files and directories (recursively; symbolic links "
-                    "to directories are not followed): magic, version, header, dtype (object arrays are bad), "
-                    "and that the file holds all the data its header promises. Files given by name are checked "
-                    "whatever their extension.",
+        description="Check every .npy file and .npz archive under the given files and directories (recursively; "
+                    "symbolic links to directories are not followed): magic, version, header, dtype (object arrays "
+                    "are bad), and that the file holds all the data its header promises. Files given by name are "
+                    "checked whatever their extension.",
         epilog="With --index: check index files against FACTOR_DIR and LABEL_DIR instead (the two PATHs), as "
                "WindowSource would open them, and list every problem with its index file and line: malformed "
                "lines (a header line), keys without files, unreadable files, rows of other shapes, factor and "
@@ -436,7 +437,8 @@ def _check_data(report: _Report, threads, max_header_size: int, quiet: bool) -> 
             pending = list(batch)
             while pending:
                 try:
-                    load_many(pending, mode="read", threads=threads, max_header_size=max_header_size)  # arrays die at once
+                    # the arrays die at once
+                    load_many(pending, mode="read", threads=threads, max_header_size=max_header_size)
                     done = pending
                     pending = []
                 except Exception as e:  # noqa: BLE001 - as in _check_headers

@@ -35,7 +35,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
     p.add_argument("--measure-batches", type=int, default=40, help="batches per throughput measurement (default 40)")
     p.add_argument("--threads", type=int, default=None, help="npyfeed threads (default: all CPUs this process may use)")
-    p.add_argument("--dir", default=None, help="where to generate the data (default: a temporary folder, removed after)")
+    p.add_argument("--dir", default=None,
+                   help="where to generate the data (default: a temporary folder, removed after)")
     p.add_argument("--no-train", action="store_true", help="skip TensorFlow (loading and numpy throughput only)")
     p.set_defaults(func=run)
     return p

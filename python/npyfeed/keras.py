@@ -26,6 +26,7 @@ from __future__ import annotations
 import operator
 import warnings
 
+from . import _checks
 from ._epochs import EpochCursor, KerasEpochCallback
 from .plan import DEFAULT_MEMORY_BUDGET
 from .stats import EpochStatsCallback
@@ -39,7 +40,8 @@ except ImportError as e:  # pragma: no cover - the message is what matters
 # (A str check first: the docs build mocks Keras.)
 if isinstance(keras.__version__, str) and (int(keras.__version__.split(".")[0]) < 3
                                            or not hasattr(keras.utils.PyDataset, "on_epoch_begin")):
-    raise ImportError(f"npyfeed.keras needs Keras 3 (a PyDataset with on_epoch_begin; tested with 3.15); this environment has Keras {keras.__version__}: "
+    raise ImportError("npyfeed.keras needs Keras 3 (a PyDataset with on_epoch_begin; tested with 3.15); this "
+                      f"environment has Keras {keras.__version__}: "
                       "pip install 'npyfeed[keras]', or use npyfeed.tf.dataset with tf.keras")
 
 __all__ = ["PyDataset", "EpochCallback", "StatsCallback"]
@@ -110,10 +112,11 @@ class PyDataset(keras.utils.PyDataset):
                              "process whose gather threads are running, take every n-th batch each (restarting "
                              "the read-ahead at each) and copy every batch back by pickling. Keep the default "
                              "(workers=1, use_multiprocessing=False)")
-        if not isinstance(workers, int) or workers > 1:
-            raise ValueError(f"npyfeed.keras.PyDataset: workers={workers!r}: use 0 or 1 (the default). npyfeed "
-                             "already gathers `prefetch` batches ahead on its own threads; Keras' worker threads "
-                             "would only ask for the batches out of order, restarting the read-ahead")
+        if not _checks.is_int(workers) or workers > 1:
+            raise (ValueError if _checks.is_int(workers) else _checks.ArgumentTypeError)(
+                f"npyfeed.keras.PyDataset: workers={workers!r}: use 0 or 1 (the default). npyfeed "
+                "already gathers `prefetch` batches ahead on its own threads; Keras' worker threads "
+                "would only ask for the batches out of order, restarting the read-ahead")
         super().__init__(**pydataset_kwargs)
         self._plan = src.plan(batch_size, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index,
                               shard_by=shard_by, drop_remainder=drop_remainder, memory_budget=memory_budget,

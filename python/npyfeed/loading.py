@@ -54,12 +54,11 @@ class Header:
 
 
 def _fspath(path) -> str:
-    path = os.fspath(path)
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    if not isinstance(path, str):
-        raise TypeError(f"expected a path, got {type(path).__name__}")
-    return path
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise ArgumentTypeError(f"expected a path, got {type(path).__name__}") from None
+    return os.fsdecode(path) if isinstance(path, bytes) else path
 
 
 def _path_list(paths, name: str) -> list:

@@ -115,8 +115,8 @@ class Plan:
             raise ValueError("pin_memory_device is for pin_memory=True")
         if self.shuffle is True:
             self._source._warn_larger_than_memory()
-        return BatchIterator(self._source, self._core.stream(epoch, start_batch, prefetch, pin_device), total - start_batch,
-                             self._core.stats)
+        stream = self._core.stream(epoch, start_batch, prefetch, pin_device)
+        return BatchIterator(self._source, stream, total - start_batch, self._core.stats)
 
     def stats(self) -> dict:
         """Live statistics of this plan: what `take` and its iterators served, how long the consumer waited for
@@ -136,7 +136,8 @@ class Plan:
 
     def __repr__(self) -> str:
         return (f"Plan({len(self)} batches of {self.batch_size}, shuffle={self.shuffle!r}, seed={self.seed}, "
-                f"shard {self.shard_index} of {self.num_shards} by {self.shard_by}, drop_remainder={self.drop_remainder})")
+                f"shard {self.shard_index} of {self.num_shards} by {self.shard_by}, "
+                f"drop_remainder={self.drop_remainder})")
 
 
 class BatchIterator(Iterator):

@@ -16,6 +16,8 @@ import os
 import time
 import weakref
 
+from ._checks import ArgumentTypeError
+
 __all__ = ["FIELDS", "INPUT_BOUND", "CPU_WAIT", "as_dict", "difference", "summary", "thread_times", "cpu_share",
            "cpu_summary", "StatsLogger", "EpochStatsCallback"]
 
@@ -236,8 +238,8 @@ def raw_counts_of(obj):
     elif core is None and hasattr(obj, "counts"):
         core = obj
     if core is None:
-        raise TypeError(f"cannot find npyfeed statistics in {type(obj).__name__}: pass a WindowSource, a Plan, a "
-                        f"dataset returned by npyfeed.tf.dataset or an npyfeed adapter")
+        raise ArgumentTypeError(f"cannot find npyfeed statistics in {type(obj).__name__}: pass a WindowSource, a "
+                                "Plan, a dataset returned by npyfeed.tf.dataset or an npyfeed adapter")
     return core.counts
 
 

@@ -72,8 +72,8 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         With ``shuffle="blocks"``: bytes of array data held at once (the same default as `WindowSource.plan`).
         It decides the order too: keep it fixed to reproduce (or resume) an epoch.
     shard_by : {"samples", "keys"}
-        How the shards (`num_shards` or `input_context`) split an epoch (`WindowSource.plan`): every n-th sample, or whole
-        keys balanced by sample count (each pipeline reads only its own keys' files).
+        How the shards (`num_shards` or `input_context`) split an epoch (`WindowSource.plan`): every n-th sample,
+        or whole keys balanced by sample count (each pipeline reads only its own keys' files).
     gather : {"host", "device"}
         ``"host"`` (the default): npyfeed's C++ gather forms each batch in host memory, and `device` (if given)
         receives it by ``prefetch_to_device``. ``"device"``: the factor and label arrays this pipeline reads (its
@@ -156,7 +156,7 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         batch_size = input_context.get_per_replica_batch_size(batch_size)
         num_shards, shard_index = input_context.num_input_pipelines, input_context.input_pipeline_id
     if device is not None and not isinstance(device, str):
-        raise TypeError(f"device must be a device name such as '/gpu:0', not {type(device).__name__}")
+        raise _checks.ArgumentTypeError(f"device must be a device name such as '/gpu:0', not {type(device).__name__}")
     epoch = _checks.epoch(epoch)  # [0, _checks.EPOCH_LIMIT), as everywhere; repeat() forever ends there
     # Every argument is checked here, by the plan, where an error is readable (not in TensorFlow's thread at
     # the first batch). One stream, read in order: one call at a time (it gathers `prefetch` batches ahead).

@@ -164,7 +164,8 @@ class _data_set_lock:
         self._fd = None
         if not enabled:
             return
-        digest = hashlib.sha256("\0".join(sorted(os.path.realpath(f) for f in files)).encode("utf-8", "surrogateescape"))
+        names = "\0".join(sorted(os.path.realpath(f) for f in files))
+        digest = hashlib.sha256(names.encode("utf-8", "surrogateescape"))
         folder = cache_dir()
         self._path = folder / f"warm-{digest.hexdigest()[:24]}.lock"
         try:

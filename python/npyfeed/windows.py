@@ -125,8 +125,8 @@ class WindowSource:
     normalize : (mean, std), optional
         Standardise the factor rows: ``(x - mean) / std`` computed in `dtype` (`mean` and `std` are converted
         to it first), after the replacement; as ``(x - mean) * (1 / std)``, within an ulp or two of numpy's
-        division (a std whose reciprocal would be subnormal is divided by). Each is one value per selected feature, shape
-        ``(len(features),)`` (or any shape numpy broadcasts to the output row, a scalar included); `mean` must
+        division (a std whose reciprocal would be subnormal is divided by). Each is one value per selected feature,
+        shape ``(len(features),)`` (or any shape numpy broadcasts to the output row, a scalar included); `mean` must
         be finite and `std` positive and finite in `dtype`. Labels are never normalised (a loss usually wants
         them in their own units; scale them with the model's output). Rows that ``bounds="pad"`` adds
         outside an array stay zeros.
@@ -164,7 +164,8 @@ class WindowSource:
 
     def __init__(self, index_files, factor_dir, label_dir, window: int, *, mode: str = "auto",
                  threads: int | None = None, dtype="float32", bounds: str = "error", missing: str = "error",
-                 max_header_size: int = MAX_HEADER_SIZE, cpus=None, nice: int | None = None, io_priority=None, cache: bool = True, cache_dir=None,
+                 max_header_size: int = MAX_HEADER_SIZE, cpus=None, nice: int | None = None, io_priority=None,
+                 cache: bool = True, cache_dir=None,
                  member: str | None = None, npz_memory_limit: int | None = None, features=None,
                  label_columns=None, nan: float | None = None, posinf: float | None = None,
                  neginf: float | None = None, normalize=None):
@@ -186,7 +187,8 @@ class WindowSource:
             raise _checks.ArgumentTypeError(f"missing must be one of {MISSING}, got {missing!r}")
         keys = index.keys
         factor_paths, label_paths = key_files(factor_dir, keys), key_files(label_dir, keys)
-        core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths], window, dtype_name(out_dtype), bounds, core_mode,
+        core = _core.open_window_files(index, [_native(p) for p in factor_paths], [_native(p) for p in label_paths],
+                                       window, dtype_name(out_dtype), bounds, core_mode,
                                        nthreads, max_header_size, **placement, npz_member=member or "",
                                        npz_memory_limit=npz_memory_limit or default_npz_memory_limit(),
                                        transform=transform, dense=dense, missing=missing)
@@ -206,7 +208,8 @@ class WindowSource:
     @classmethod
     def dense(cls, factor_dir, label_dir, window: int, *, stride: int = 1, horizon: int = 0, keys=None,
               mode: str = "auto", threads: int | None = None, dtype="float32", missing: str = "error",
-              max_header_size: int = MAX_HEADER_SIZE, cpus=None, nice: int | None = None, io_priority=None, member: str | None = None,
+              max_header_size: int = MAX_HEADER_SIZE, cpus=None, nice: int | None = None, io_priority=None,
+              member: str | None = None,
               npz_memory_limit: int | None = None, features=None, label_columns=None, nan: float | None = None,
               posinf: float | None = None, neginf: float | None = None, normalize=None) -> WindowSource:
         """Every window of every key, without an index file.
@@ -528,7 +531,8 @@ class WindowSource:
             next is read; default ``npyfeed.plan.DEFAULT_MEMORY_BUDGET``, 2 GiB, a constant, since it decides the
             order: keep it fixed to reproduce an epoch). Every entry point (`batches`, `epoch_order`,
             ``npyfeed.tf.dataset`` and the Keras and PyTorch adapters) has the same default, and ``None`` means
-            it too, so they all give the same order. Batch buffers, and a key larger than half the budget, come on top; so do the samples
+            it too, so they all give the same order. Batch buffers, and a key larger than half the budget, come on
+            top; so do the samples
             grouped by key, which the source builds at its first blocks plan and shares with every later one
             (nothing per sample where the index lists each key's lines together, else 4 bytes per sample).
         prefetch : int
