@@ -82,7 +82,7 @@ const NpyfeedTfFeedApi* begin_call(TF_OpKernelContext* ctx, int n, int64_t* in, 
   if (api == nullptr || !scalar_inputs(ctx, n, in)) return nullptr;
   for (int i = 1; i < n; ++i) {
     if (in[i] < 0) {
-      fail(ctx, 3, (std::string("npyfeed.tf: ") + positions + " must not be negative").c_str());
+      fail(ctx, TF_INVALID_ARGUMENT, (std::string("npyfeed.tf: ") + positions + " must not be negative").c_str());
       return nullptr;
     }
   }
@@ -116,6 +116,7 @@ void* create_take(TF_OpKernelConstruction* ctx) {
   auto* kernel = new TakeKernel{TF_FLOAT};
   Status status;
   TF_OpKernelConstruction_GetAttrType(ctx, "T", &kernel->dtype, status.get());
+  if (!status.ok()) TF_OpKernelConstruction_Failure(ctx, status.get());  // TensorFlow drops the kernel
   return kernel;
 }
 
@@ -131,7 +132,7 @@ void compute_take(void* k, TF_OpKernelContext* ctx) {
   if (b.item_size != (dtype == TF_FLOAT ? 4 : 8)) {
     api->release(b.x_owner);
     api->release(b.y_owner);
-    return fail(ctx, 3, "npyfeed.tf: the op's dtype is not the feed's");
+    return fail(ctx, TF_INVALID_ARGUMENT, "npyfeed.tf: the op's dtype is not the feed's");
   }
   void* y_owner = b.y_owner;
   if (!set_adopted_output(ctx, 0, dtype, b.x_dims, b.x_rank, b.x, b.x_bytes, b.x_owner)) {
@@ -260,7 +261,7 @@ void compute_group(void* k, TF_OpKernelContext* ctx) {
   if (!ok) {
     api->release(g.factors_owner);
     api->release(labels_owner);
-    fail(ctx, 3, "npyfeed.tf: the op's dtype is not the feed's storage type");
+    fail(ctx, TF_INVALID_ARGUMENT, "npyfeed.tf: the op's dtype is not the feed's storage type");
   } else if (!set_adopted_output(ctx, 0, dtype, factor_dims, 2, g.factors,
                                  static_cast<size_t>(g.factor_rows * g.factor_elems) * item, g.factors_owner)) {
     api->release(labels_owner);
@@ -345,6 +346,7 @@ const OpSpec kOps[] = {
 
 // Failures here cannot be raised: they leave the op unregistered, and using it says so.
 [[maybe_unused]] const bool kRegistered = [] {
+  if (!npyfeed_tf_functions_resolved()) return false;
   for (const OpSpec& op : kOps) {
     TF_OpDefinitionBuilder* builder = TF_NewOpDefinitionBuilder(op.name);
     for (const char* input : op.inputs) {
@@ -367,8 +369,10 @@ const OpSpec kOps[] = {
 }  // namespace
 
 /// Gives the op library _core's feed table (npyfeed/tf_feed_abi.h). Returns 0, or -1 if the table's version or
-/// size is not this library's (a _core from another build). Called once; later calls must pass the same table.
+/// size is not this library's (a _core from another build), or -2 if TensorFlow's C functions were not found (so no
+/// op is registered). Called once; later calls must pass the same table.
 extern "C" __attribute__((visibility("default"))) int npyfeed_tf_ops_init(const void* table) {
+  if (!npyfeed_tf_functions_resolved()) return -2;
   const auto* api = static_cast<const NpyfeedTfFeedApi*>(table);
   if (api == nullptr || api->abi_version != NPYFEED_TF_FEED_ABI_VERSION ||
       api->struct_size < sizeof(NpyfeedTfFeedApi)) {

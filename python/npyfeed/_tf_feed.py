@@ -75,7 +75,10 @@ def _load_native_ops():
         # The same handle as TensorFlow's (dlopen of one path): its init sees the ops' globals.
         init = ctypes.CDLL(path).npyfeed_tf_ops_init
         init.argtypes, init.restype = [ctypes.c_void_p], ctypes.c_int
-        if init(_core.tf_feed_api()) != 0:
+        code = init(_core.tf_feed_api())
+        if code == -2:
+            raise RuntimeError(f"{path} did not find TensorFlow's C functions in this process")
+        if code != 0:
             raise RuntimeError(f"{path} was built for another version of _core's feed table")
         return ops
     except Exception as e:  # noqa: BLE001 - any failure means the fallback, said once
