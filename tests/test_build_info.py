@@ -163,6 +163,20 @@ def _info_in_subprocess_with_tf() -> dict:
     return json.loads(out.stdout)
 
 
+def test_tf_ops_that_look_tensorflow_up_refuse_cleanly_without_it():
+    """The wheels' op library names no TensorFlow library and looks its C functions up when loaded: loaded where
+    TensorFlow is not, it must load, register nothing and say so (-2), never crash on a missing function."""
+    path = npyfeed.build_info()["tf_ops"]
+    if path is None:
+        pytest.skip("the op library is not installed")
+    if b"libtensorflow_framework.so.2" in _sections(path).get(".dynstr", b""):
+        pytest.skip("this build links TensorFlow's framework by name (a source build)")
+    code = ("import ctypes, sys; init = ctypes.CDLL(sys.argv[1]).npyfeed_tf_ops_init; "
+            "init.argtypes, init.restype = [ctypes.c_void_p], ctypes.c_int; print(init(None))")
+    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "-2"
+
+
 def test_cli_prints_every_key():
     out = subprocess.run([sys.executable, "-m", "npyfeed", "info"], capture_output=True, text=True, timeout=120,
                          check=True).stdout
@@ -183,3 +197,12 @@ def test_installed_from_the_prebuilt_wheel():
     assert _needed_glibc(info["tf_ops"]) <= (2, 28)
     assert info["cxx_library"].startswith("libc++")
     assert info["io_uring_compiled"] and info["zlib"] and info["simd_kernels_compiled"]
+    assert b"libtensorflow_framework.so.2" not in _sections(info["tf_ops"])[".dynstr"]
+    # Exceptions unwind with the system's libgcc_s, the unwinder pthread_exit() uses (a daemon thread at exit).
+    assert b"libgcc_s.so.1" in _sections(info["module"])[".dynstr"]
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        return
+    with_tf = _info_in_subprocess_with_tf()
+    assert with_tf["tf_ops_loadable"] is True, with_tf

@@ -1,20 +1,40 @@
 #include "gil.hpp"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 
 namespace npyfeed::bindings {
 
-unsigned long main_thread_id() {
-  static const unsigned long id =
-      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
-  return id;
+namespace {
+std::atomic<unsigned long> g_main_thread{0};
+}  // namespace
+
+void remember_main_thread() {
+  g_main_thread.store(py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>(),
+                      std::memory_order_relaxed);
 }
+
+unsigned long main_thread_id() { return g_main_thread.load(std::memory_order_relaxed); }
 
 bool interpreter_finalizing() {
 #if PY_VERSION_HEX >= 0x030D0000
   return Py_IsFinalizing() != 0;
 #else
   return _Py_IsFinalizing() != 0;
+#endif
+}
+
+void restore_gil(PyThreadState* state) {
+#if defined(_LIBCPP_VERSION)
+  try {
+    PyEval_RestoreThread(state);
+  } catch (...) {  // pthread_exit()'s forced unwind: a daemon thread asking for the GIL during interpreter exit
+    for (;;) pause();
+  }
+#else
+  PyEval_RestoreThread(state);
 #endif
 }
 

@@ -16,10 +16,15 @@ namespace npyfeed::bindings {
 
 namespace py = pybind11;
 
+/// Takes the GIL back (PyEval_RestoreThread). While the interpreter finalizes, CPython < 3.14 ends a thread that
+/// asks for the GIL with pthread_exit(): with libstdc++ that forced unwind runs through ordinary frames and
+/// pybind11 rethrows it, so the daemon thread just ends. libc++ has no abi::__forced_unwind, so pybind11 would
+/// swallow it (and the process abort): there the unwind is caught here and the thread parks, as CPython 3.14
+/// itself does with such threads. (The wheels link the system's libgcc_s unwinder, the one pthread_exit uses.)
+void restore_gil(PyThreadState* state);
+
 // Runs `fn` with the GIL released. Unlike py::gil_scoped_release it takes the GIL back outside any
-// destructor: while the interpreter finalizes, CPython < 3.14 ends a thread that asks for the GIL with
-// pthread_exit(), and that forced unwind must not cross a noexcept frame (std::terminate, SIGABRT).
-// Here it unwinds through ordinary frames (and pybind11 rethrows it), so the daemon thread just ends.
+// destructor: a forced unwind (above) must not cross a noexcept frame (std::terminate, SIGABRT).
 template <class F>
 auto without_gil(F&& fn) -> decltype(fn()) {
   using R = decltype(fn());
@@ -31,7 +36,7 @@ auto without_gil(F&& fn) -> decltype(fn()) {
     } catch (...) {
       error = std::current_exception();
     }
-    PyEval_RestoreThread(state);
+    restore_gil(state);
     if (error) std::rethrow_exception(error);
   } else {
     std::optional<R> result;
@@ -40,13 +45,16 @@ auto without_gil(F&& fn) -> decltype(fn()) {
     } catch (...) {
       error = std::current_exception();
     }
-    PyEval_RestoreThread(state);
+    restore_gil(state);
     if (error) std::rethrow_exception(error);
     return std::move(*result);
   }
 }
 
-/// The thread that runs Python's signal handlers (threading.main_thread()'s ident, asked once).
+/// Asks threading.main_thread()'s ident once, at import (with the GIL), for main_thread_id().
+void remember_main_thread();
+
+/// The thread that runs Python's signal handlers and finalizes the interpreter (callable without the GIL).
 unsigned long main_thread_id();
 
 /// Whether the interpreter is finalizing (a thread asking for the GIL now would be ended).
