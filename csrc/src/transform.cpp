@@ -144,28 +144,37 @@ template <class Out, unsigned F, bool kStream>
         const auto* block = reinterpret_cast<const std::byte*>(in + j0) + detail::kSourcePrefetchBytes;
         detail::prefetch_once(block, std::min(block + (end - j0) * sizeof(Out), a.prefetch_end));
       }
-      [&] {
+      // Element j of the block at from[j - j0] and to[j - j0]. In place (`src` is `dst`, not streamed), both are
+      // one pointer, so that the compiler sees each element read before it is written: given two pointers, clang
+      // checks at run time that the ranges do not overlap, finds that they do, and runs its scalar loop.
+      auto finish_block = [&](const Out* from, Out* to) __attribute__((always_inline)) {
         if constexpr (kReplace) {
           Bits any = 0;
           if constexpr ((F & kNormalize) == 0) {
             // Copied while testing (in place, the same values are written back): a block without NaN or inf is
             // done.
             for (std::uint64_t j = j0; j < end; ++j) {
-              const Out v = in[j];
+              const Out v = from[j - j0];
               any |= special(v);
-              out[j - j0] = v;
+              to[j - j0] = v;
             }
             if (any == 0) return;
           } else {
-            for (std::uint64_t j = j0; j < end; ++j) any |= special(in[j]);
+            for (std::uint64_t j = j0; j < end; ++j) any |= special(from[j - j0]);
           }
           if (any != 0) {
-            for (std::uint64_t j = j0; j < end; ++j) out[j - j0] = finished(in[j], j);
+            for (std::uint64_t j = j0; j < end; ++j) to[j - j0] = finished(from[j - j0], j);
             return;
           }
         }
-        for (std::uint64_t j = j0; j < end; ++j) out[j - j0] = normalized(in[j], j);
-      }();
+        for (std::uint64_t j = j0; j < end; ++j) to[j - j0] = normalized(from[j - j0], j);
+      };
+      if (!kStream && in == dst + r * n) {
+        Out* const io = dst + r * n + j0;
+        finish_block(io, io);
+      } else {
+        finish_block(in + j0, out);
+      }
       if constexpr (kStream) {
         detail::stream_unfenced(reinterpret_cast<std::byte*>(dst + r * n + j0),
                                 reinterpret_cast<const std::byte*>(buffer), (end - j0) * sizeof(Out));
