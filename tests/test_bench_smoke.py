@@ -241,3 +241,22 @@ def test_bench_open_quick(tmp_path):
             for build in ("this", "baseline"):
                 assert len(result["seconds"][f"{mode} {cache} {build}"]) == 1
     assert result["max_residency_after_evict"] < 0.5  # eviction worked: the cold opens were cold
+
+
+def test_bench_ab_quick(tmp_path):
+    # Both sides the same install: every path runs in fresh processes importing it, and the table has a row each.
+    out = tmp_path / "ab.json"
+    here = _this_install()
+    proc = run_bench("bench_ab.py", tmp_path, "--a", here, "--b", here, "--json", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(out.read_text())["summary"]
+    paths = {"float32", "float64", "options", "blocks", "take"} | ({"tf"} if _have("tensorflow") else set())
+    assert set(summary) == paths, summary
+    for path, s in summary.items():
+        assert s["a_median"] > 0 and s["b_median"] > 0 and len(s["ratios"]) == 2, (path, s)
+
+
+def _have(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
