@@ -229,7 +229,6 @@ class FallbackGather:
 
     def __init__(self, batches, weak: bool):
         self._batches = weakref.ref(batches) if weak else (lambda: batches)
-        self.num_batches = len(batches)
 
     def __call__(self, epoch, batch):
         batches = self._batches()
