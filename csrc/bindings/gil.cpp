@@ -2,21 +2,15 @@
 
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 
 namespace npyfeed::bindings {
 
-namespace {
-std::atomic<unsigned long> g_main_thread{0};
-}  // namespace
-
-void remember_main_thread() {
-  g_main_thread.store(py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>(),
-                      std::memory_order_relaxed);
+unsigned long main_thread_id() {
+  static const unsigned long id =
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  return id;
 }
-
-unsigned long main_thread_id() { return g_main_thread.load(std::memory_order_relaxed); }
 
 bool interpreter_finalizing() {
 #if PY_VERSION_HEX >= 0x030D0000

@@ -51,10 +51,7 @@ auto without_gil(F&& fn) -> decltype(fn()) {
   }
 }
 
-/// Asks threading.main_thread()'s ident once, at import (with the GIL), for main_thread_id().
-void remember_main_thread();
-
-/// The thread that runs Python's signal handlers and finalizes the interpreter (callable without the GIL).
+/// The thread that runs Python's signal handlers (threading.main_thread()'s ident, asked once).
 unsigned long main_thread_id();
 
 /// Whether the interpreter is finalizing (a thread asking for the GIL now would be ended).

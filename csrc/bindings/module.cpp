@@ -8,7 +8,6 @@
 
 #include "bind.hpp"
 #include "convert.hpp"
-#include "gil.hpp"
 #include "npyfeed/errors.hpp"
 
 namespace py = pybind11;
@@ -17,7 +16,6 @@ using namespace npyfeed::bindings;
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "npyfeed's C++ core. Use the public names in `npyfeed`, not this module.";
-  remember_main_thread();
 
   static auto& npy_format_error = *new py::exception<NpyFormatError>(m, "NpyFormatError", PyExc_ValueError);
   // ESTALE from the core: a file changed since it was opened (file.hpp's check_same_file).
