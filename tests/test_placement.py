@@ -300,6 +300,57 @@ def test_the_package_reads_the_environment_in_one_place():
         assert f"`{name}`" in documented, name
 
 
+def test_the_core_reads_the_environment_in_one_unit():
+    """The C++ core's getenv calls are all in csrc/src/settings.cpp, and every variable it names there is in its
+    table (so in npyfeed.settings() and in the docs' table)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    names = {name for name, _ in npyfeed._core.core_settings()}
+    documented = (root / "docs" / "one-node.md").read_text()
+    for path in sorted((root / "csrc").rglob("*.[ch]pp")):
+        text = path.read_text()
+        if path.name != "settings.cpp":
+            assert not re.search(r"\bgetenv\b|\benviron\b", text), f"{path} reads the environment itself"
+        for name in re.findall(r"\"(NPYFEED_\w+)\"", text):
+            assert name in names, f"{path.name} names {name}, which the settings table does not list"
+    assert len(names) == 7
+    for name in names:
+        assert f"`{name}`" in documented, name
+
+
+def test_settings_lists_every_variable_with_its_value_now(monkeypatch):
+    from npyfeed import _resources
+
+    monkeypatch.setenv("NPYFEED_MAX_MAPPINGS", "4096")
+    monkeypatch.setenv("NPYFEED_THREADS", " 3 ")
+    monkeypatch.delenv("NPYFEED_IO_URING", raising=False)
+    monkeypatch.setenv("NPYFEED_POPULATE", "")
+    table = npyfeed.settings()
+    assert set(table) == set(_resources.ENVIRONMENT) | {name for name, _ in npyfeed._core.core_settings()}
+    assert table["NPYFEED_MAX_MAPPINGS"] == {"value": "4096", "read_by": "core",
+                                             "meaning": table["NPYFEED_MAX_MAPPINGS"]["meaning"]}
+    assert "mmap" in table["NPYFEED_MAX_MAPPINGS"]["meaning"]
+    assert table["NPYFEED_THREADS"]["value"] == "3" and table["NPYFEED_THREADS"]["read_by"] == "python"
+    assert table["NPYFEED_IO_URING"]["value"] is None and table["NPYFEED_POPULATE"]["value"] is None
+    assert all(row["meaning"] for row in table.values())
+
+
+def test_info_settings_prints_the_table(monkeypatch, capsys):
+    from npyfeed import cli
+
+    monkeypatch.setenv("NPYFEED_STREAMING", "1")
+    assert cli.main(["info", "--settings"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "NPYFEED_STREAMING" in line)
+    assert "'1'" in line and "core" in line
+    assert cli.main(["info", "--settings", "--json"]) == 0
+    import json
+
+    assert json.loads(capsys.readouterr().out)["settings"]["NPYFEED_STREAMING"]["value"] == "1"
+
+
 def _recipe_function(page: str):
     """The `cpu_slices` function of the placement recipe on `page`, as written there."""
     from pathlib import Path

@@ -10,6 +10,7 @@
 #include "npyfeed/detail/cpu_features.hpp"
 #include "npyfeed/detail/stream_copy.hpp"
 #include "npyfeed/read_queue.hpp"
+#include "npyfeed/settings.hpp"
 #include "npyfeed/zip_archive.hpp"
 
 #if defined(__GLIBC__)
@@ -99,6 +100,15 @@ void bind_build_info(py::module_& m) {
   m.def("build_info", &build_info,
         "What this build holds (compiler, C++ library, glibc, liburing, zlib, vector kernels) and what it uses here "
         "(io_uring usable, AVX2/AVX-512 available and used), as a dict; npyfeed.build_info adds the Python side.");
+  m.def(
+      "core_settings",
+      [] {
+        py::list rows;
+        for (const auto& setting : settings::table()) rows.append(py::make_tuple(setting.name, setting.meaning));
+        return rows;
+      },
+      "The environment variables the core reads, (name, what it does) each: npyfeed.settings adds their values and "
+      "the Python package's own.");
 }
 
 }  // namespace npyfeed::bindings

@@ -8,17 +8,14 @@
 #include <string>
 
 #include "npyfeed/errors.hpp"
+#include "npyfeed/settings.hpp"
 
 namespace npyfeed {
 
 namespace {
 
 std::size_t max_map_count() {
-  if (const char* env = std::getenv("NPYFEED_MAX_MAPPINGS"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const unsigned long long value = std::strtoull(env, &end, 10);
-    if (end != nullptr && *end == '\0' && value > 0) return static_cast<std::size_t>(value);
-  }
+  if (const auto limit = settings::max_mappings()) return *limit;
   std::ifstream in("/proc/sys/vm/max_map_count");
   std::size_t value = 0;
   if (in >> value && value > 0) return value;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "npyfeed/errors.hpp"
+#include "npyfeed/settings.hpp"
 
 namespace npyfeed {
 
@@ -84,8 +85,7 @@ std::shared_ptr<const PageLocker> PageLocker::open(const std::string& library, i
     if (!handle || !resolve(handle, api)) return nullptr;
     return std::make_shared<const PageLocker>(api, device, name);
   };
-  const char* from_env = std::getenv("NPYFEED_CUDA_RUNTIME");
-  const std::string named = !library.empty() ? library : (from_env != nullptr ? from_env : "");
+  const std::string named = !library.empty() ? library : settings::cuda_runtime().value_or("");
   if (!named.empty()) {
     if (auto locker = attempt(named, RTLD_NOW | RTLD_LOCAL)) return locker;
     throw Error("npyfeed: pin_memory: " + named + " is not a CUDA runtime that can be loaded (no such library, or no " +

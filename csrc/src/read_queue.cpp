@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "npyfeed/errors.hpp"
+#include "npyfeed/settings.hpp"
 
 #ifdef NPYFEED_HAVE_LIBURING
 #include <liburing.h>
@@ -65,8 +66,7 @@ int init_ring(io_uring& ring, unsigned entries) {
 }  // namespace
 
 bool io_uring_enabled() {
-  const char* env = std::getenv("NPYFEED_IO_URING");
-  if (env != nullptr && std::string_view(env) == "0") return false;
+  if (!settings::io_uring().value_or(true)) return false;
   static const bool works = [] {
     io_uring ring{};
     if (init_ring(ring, 4) != 0) return false;

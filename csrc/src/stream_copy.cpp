@@ -6,28 +6,17 @@
 #include <string>
 
 #include "npyfeed/detail/cpu_features.hpp"
+#include "npyfeed/settings.hpp"
 
 namespace npyfeed::detail {
 
-namespace {
-
-// The switch `name` in the environment: "0" off, "1" on, anything else (or unset) nullopt: the default.
-std::optional<bool> env_switch(const char* name) {
-  const char* env = std::getenv(name);
-  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-  if (env != nullptr && std::strcmp(env, "1") == 0) return true;
-  return std::nullopt;
-}
-
-}  // namespace
-
 bool stream_batch(std::uint64_t batch_bytes) {
-  return env_switch("NPYFEED_STREAMING").value_or(batch_bytes >= kStreamedBatchBytes);
+  return settings::streaming().value_or(batch_bytes >= kStreamedBatchBytes);
 }
 
 bool prefetch_read_once() {
   static const bool on_this_cpu = cpu_features().vendor == "AuthenticAMD";
-  return env_switch("NPYFEED_PREFETCH").value_or(on_this_cpu);
+  return settings::prefetch().value_or(on_this_cpu);
 }
 
 #if NPYFEED_STREAMING_STORES
@@ -75,7 +64,7 @@ __attribute__((target("avx512f"))) void stream_avx512(std::byte* dst, const std:
 bool use_avx512() noexcept {
 #if NPYFEED_STREAMING_STORES
   // cpu_features() checks that the kernel saves the AVX-512 registers too (XGETBV).
-  static const bool on = cpu_features().avx512f && env_switch("NPYFEED_AVX512").value_or(true);
+  static const bool on = cpu_features().avx512f && settings::avx512().value_or(true);
   return on;
 #else
   return false;

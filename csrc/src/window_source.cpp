@@ -12,6 +12,7 @@
 #include "npyfeed/errors.hpp"
 #include "npyfeed/file.hpp"
 #include "npyfeed/npz.hpp"
+#include "npyfeed/settings.hpp"
 
 namespace npyfeed {
 
@@ -53,10 +54,7 @@ bool fds_fit(std::size_t wanted) { return wanted + 64 <= descriptor_budget(); }
 constexpr std::uint64_t kPopulateMemoryDivisor = 4;
 constexpr std::uint64_t kPopulateStepBytes = 8u << 20;
 
-bool populate_enabled() {
-  const char* env = std::getenv("NPYFEED_POPULATE");
-  return env == nullptr || std::string_view(env) != "0";
-}
+bool populate_enabled() { return settings::populate().value_or(true); }
 
 }  // namespace
 

@@ -4,6 +4,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from ._build_info import build_info
 from ._core import ClosedError, FileChangedError, NpyFormatError
+from ._resources import settings
 from .index_check import IndexProblem, IndexReport, check_index
 from .loading import MODES, Header, load, load_factor_files, load_many, read_header
 from .plan import BatchIterator, Plan
@@ -47,5 +48,6 @@ __all__ = [
     "WarmReport",
     "DirectoryResidency",
     "build_info",
+    "settings",
     "__version__",
 ]

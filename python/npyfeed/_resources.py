@@ -46,6 +46,26 @@ def environment(name: str) -> str | None:
     return value or None
 
 
+def settings() -> dict:
+    """Every environment variable npyfeed reads, with what it does and its value now.
+
+    Returns
+    -------
+    dict
+        ``{name: {"value": str or None, "meaning": str, "read_by": "python" or "core"}}``: the Python package's
+        variables (read through one function, `environment`) and then the C++ core's (read by one unit,
+        ``csrc/npyfeed/settings.hpp``). ``value`` is None where the variable is unset or empty. Nothing else
+        in npyfeed reads the environment; the table in the docs ("Environment variables") lists the same.
+    """
+    from . import _core
+
+    table = {name: {"value": environment(name), "meaning": meaning, "read_by": "python"}
+             for name, meaning in ENVIRONMENT.items()}
+    for name, meaning in _core.core_settings():
+        table[name] = {"value": os.environ.get(name) or None, "meaning": meaning, "read_by": "core"}
+    return table
+
+
 def processes_per_node() -> tuple:
     """(processes sharing this node, the variable that said so), or (1, None) where no launcher says. A value
     that is not a positive integer is ignored (Slurm writes ``2(x3)`` for uneven nodes: the first number counts)."""

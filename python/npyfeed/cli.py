@@ -84,6 +84,8 @@ def _add_info_parser(sub) -> None:
     p.add_argument("--tf", action="store_true",
                    help="also import TensorFlow and load the op library, to say whether it loads")
     p.add_argument("--json", action="store_true", help="print the dict as JSON")
+    p.add_argument("--settings", action="store_true",
+                   help="also list every environment variable npyfeed reads, with its value now (npyfeed.settings())")
     p.set_defaults(func=_cmd_info)
 
 
@@ -91,12 +93,23 @@ def _cmd_info(args) -> int:
     from ._build_info import build_info, format_build_info
 
     info = build_info(tf=args.tf)
+    table = None
+    if args.settings:
+        from ._resources import settings
+
+        table = settings()
     if args.json:
         import json
 
-        print(json.dumps(info, indent=2))
-    else:
-        print(format_build_info(info))
+        print(json.dumps(info if table is None else {**info, "settings": table}, indent=2))
+        return 0
+    print(format_build_info(info))
+    if table is not None:
+        print("\nenvironment variables (value now, read by, what it does):")
+        width = max(len(name) for name in table)
+        for name, row in table.items():
+            value = "-" if row["value"] is None else repr(row["value"])
+            print(f"  {name:<{width}}  {value:<8} {row['read_by']:<6}  {row['meaning']}")
     return 0
 
 
