@@ -301,7 +301,7 @@ def test_the_package_reads_the_environment_in_one_place():
 
 
 def test_the_core_reads_the_environment_in_one_unit():
-    """The C++ core's getenv calls are all in csrc/src/settings.cpp, and every variable it names there is in its
+    """The C++ core's getenv calls are all in csrc/npyfeed/common/settings.cpp, and every variable it names there is in its
     table (so in npyfeed.settings() and in the docs' table)."""
     import re
     from pathlib import Path

@@ -7,11 +7,11 @@
 #include <string>
 
 #include "bind.hpp"
-#include "npyfeed/detail/cpu_features.hpp"
-#include "npyfeed/detail/stream_copy.hpp"
-#include "npyfeed/read_queue.hpp"
-#include "npyfeed/settings.hpp"
-#include "npyfeed/zip_archive.hpp"
+#include "npyfeed/common/settings.hpp"
+#include "npyfeed/format/zip_archive.hpp"
+#include "npyfeed/gather/cpu_features.hpp"
+#include "npyfeed/gather/stream_copy.hpp"
+#include "npyfeed/io/read_queue.hpp"
 
 #if defined(__GLIBC__)
 #include <gnu/libc-version.h>

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "npyfeed/errors.hpp"
+#include "npyfeed/common/errors.hpp"
 
 namespace npyfeed::bindings {
 

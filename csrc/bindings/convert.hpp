@@ -14,12 +14,12 @@
 #include <utility>
 #include <vector>
 
-#include "npyfeed/aligned_buffer.hpp"
-#include "npyfeed/batch.hpp"
-#include "npyfeed/loader.hpp"
-#include "npyfeed/npy_header.hpp"
-#include "npyfeed/placement.hpp"
-#include "npyfeed/window_source.hpp"
+#include "npyfeed/common/aligned_buffer.hpp"
+#include "npyfeed/common/placement.hpp"
+#include "npyfeed/format/npy_header.hpp"
+#include "npyfeed/gather/window_source.hpp"
+#include "npyfeed/io/loader.hpp"
+#include "npyfeed/stream/batch.hpp"
 
 namespace npyfeed::bindings {
 

@@ -11,7 +11,7 @@
 #include "bind.hpp"
 #include "convert.hpp"
 #include "gil.hpp"
-#include "npyfeed/device_rows.hpp"
+#include "npyfeed/device/device_rows.hpp"
 
 namespace npyfeed::bindings {
 

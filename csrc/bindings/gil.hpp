@@ -10,7 +10,7 @@
 #include <optional>
 #include <type_traits>
 
-#include "npyfeed/thread_pool.hpp"
+#include "npyfeed/common/thread_pool.hpp"
 
 namespace npyfeed::bindings {
 

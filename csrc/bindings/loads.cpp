@@ -9,12 +9,12 @@
 #include "bind.hpp"
 #include "convert.hpp"
 #include "gil.hpp"
-#include "npyfeed/file.hpp"
-#include "npyfeed/loader.hpp"
-#include "npyfeed/npy_header.hpp"
-#include "npyfeed/npz.hpp"
-#include "npyfeed/page_cache.hpp"
-#include "npyfeed/thread_pool.hpp"
+#include "npyfeed/common/thread_pool.hpp"
+#include "npyfeed/format/npy_header.hpp"
+#include "npyfeed/format/npz.hpp"
+#include "npyfeed/io/file.hpp"
+#include "npyfeed/io/loader.hpp"
+#include "npyfeed/io/page_cache.hpp"
 
 namespace npyfeed::bindings {
 

@@ -8,7 +8,7 @@
 
 #include "bind.hpp"
 #include "convert.hpp"
-#include "npyfeed/errors.hpp"
+#include "npyfeed/common/errors.hpp"
 
 namespace py = pybind11;
 using namespace npyfeed;

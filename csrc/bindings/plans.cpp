@@ -11,11 +11,11 @@
 #include "bind.hpp"
 #include "convert.hpp"
 #include "gil.hpp"
-#include "npyfeed/block_order.hpp"
-#include "npyfeed/block_stream.hpp"
-#include "npyfeed/epoch_plan.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/page_lock.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/device/page_lock.hpp"
+#include "npyfeed/plan/block_order.hpp"
+#include "npyfeed/plan/epoch_plan.hpp"
+#include "npyfeed/stream/block_stream.hpp"
 
 namespace npyfeed::bindings {
 

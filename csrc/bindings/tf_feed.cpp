@@ -1,6 +1,6 @@
-// npyfeed.tf's feeds (npyfeed/tf_feed.hpp) for Python: a handle that registers a plan's feed and unregisters
+// npyfeed.tf's feeds (npyfeed/tf/tf_feed.hpp) for Python: a handle that registers a plan's feed and unregisters
 // it when it dies, and the address of the C table that npyfeed.tf hands to its op library.
-#include "npyfeed/tf_feed.hpp"
+#include "npyfeed/tf/tf_feed.hpp"
 
 #include <pybind11/pybind11.h>
 
@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "bind.hpp"
-#include "npyfeed/epoch_plan.hpp"
+#include "npyfeed/plan/epoch_plan.hpp"
 
 namespace npyfeed::bindings {
 
@@ -50,7 +50,7 @@ void bind_tf_feed(py::module_& m) {
   m.attr("TF_FEED_ABI_VERSION") = NPYFEED_TF_FEED_ABI_VERSION;
   m.def(
       "tf_feed_api", [] { return reinterpret_cast<std::uintptr_t>(&tf_feed_api()); },
-      "Address of the NpyfeedTfFeedApi table (npyfeed/tf_feed_abi.h) for npyfeed.tf's op library.");
+      "Address of the NpyfeedTfFeedApi table (npyfeed/tf/tf_feed_abi.h) for npyfeed.tf's op library.");
   m.def("tf_feed_owners", &tf_feed_owners,
         "Buffers (and id lists, start rows) the op library holds from the feeds and has not released (for tests).");
 }

@@ -7,11 +7,11 @@
 #include "bind.hpp"
 #include "convert.hpp"
 #include "gil.hpp"
-#include "npyfeed/detail/stream_copy.hpp"
-#include "npyfeed/index.hpp"
-#include "npyfeed/index_cache.hpp"
-#include "npyfeed/thread_pool.hpp"
-#include "npyfeed/window_source.hpp"
+#include "npyfeed/common/thread_pool.hpp"
+#include "npyfeed/gather/stream_copy.hpp"
+#include "npyfeed/gather/window_source.hpp"
+#include "npyfeed/index/index.hpp"
+#include "npyfeed/index/index_cache.hpp"
 
 namespace npyfeed::bindings {
 

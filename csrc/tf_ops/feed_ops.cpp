@@ -1,6 +1,6 @@
 // npyfeed's TensorFlow ops, registered through TensorFlow's stable C API only (tf_c_api.h), so that one binary
 // loads in every TensorFlow from 2.15 on. The ops read feeds that _core owns, through the C ABI of
-// npyfeed/tf_feed_abi.h (this library links no copy of the core): npyfeed.tf passes the table's address to
+// npyfeed/tf/tf_feed_abi.h (this library links no copy of the core): npyfeed.tf passes the table's address to
 // npyfeed_tf_ops_init() once, after tf.load_op_library, and each op gets the feed's id as an input.
 //
 //   NpyfeedTake(feed, epoch, batch) -> x, y      batch b of epoch e; the tensors adopt npyfeed's aligned
@@ -23,7 +23,7 @@
 #include <cstring>
 #include <string>
 
-#include "npyfeed/tf_feed_abi.h"
+#include "npyfeed/tf/tf_feed_abi.h"
 #include "tf_c_api.h"
 
 namespace {
@@ -368,7 +368,7 @@ const OpSpec kOps[] = {
 
 }  // namespace
 
-/// Gives the op library _core's feed table (npyfeed/tf_feed_abi.h). Returns 0, or -1 if the table's version or
+/// Gives the op library _core's feed table (npyfeed/tf/tf_feed_abi.h). Returns 0, or -1 if the table's version or
 /// size is not this library's (a _core from another build), or -2 if TensorFlow's C functions were not found (so no
 /// op is registered). Called once; later calls must pass the same table.
 extern "C" __attribute__((visibility("default"))) int npyfeed_tf_ops_init(const void* table) {

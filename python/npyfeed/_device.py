@@ -7,7 +7,7 @@ then one zero row that windows read for rows outside their key's array (``bounds
 the pipeline, uploaded once) or streamed (``shuffle="blocks"`` over the budget: groups of batches sharing one
 block's upload, a batch over two blocks a group of its own). The host's half, the layout, the reads through the
 source's readers, the conversion to the storage dtype and each batch's start rows, is the core's
-(``_core.DeviceRows``, ``csrc/npyfeed/device_rows.hpp``); this module decides what fits on the device and forms
+(``_core.DeviceRows``, ``csrc/npyfeed/device/device_rows.hpp``); this module decides what fits on the device and forms
 the batches there.
 """
 

@@ -54,7 +54,7 @@ def settings() -> dict:
     dict
         ``{name: {"value": str or None, "meaning": str, "read_by": "python" or "core"}}``: the Python package's
         variables (read through one function, `environment`) and then the C++ core's (read by one unit,
-        ``csrc/npyfeed/settings.hpp``). ``value`` is None where the variable is unset or empty. Nothing else
+        ``csrc/npyfeed/common/settings.hpp``). ``value`` is None where the variable is unset or empty. Nothing else
         in npyfeed reads the environment; the table in the docs ("Environment variables") lists the same.
     """
     from . import _core

@@ -6,7 +6,7 @@ Two feeds hand a batch to TensorFlow:
 * **Native ops** (`NativeFeed`, the default): ``_tf_ops.so``, an op library registered through TensorFlow's
   stable C API only (``tensorflow/c/ops.h``, ``kernels.h``, ``tf_tensor.h``, ``tf_status.h``), so one binary
   serves TensorFlow 2.15 and later; it is built without TensorFlow and holds no copy of npyfeed's core: it calls
-  ``_core`` through a versioned table of C functions (``csrc/npyfeed/tf_feed_abi.h``). ``NpyfeedTake`` returns
+  ``_core`` through a versioned table of C functions (``csrc/npyfeed/tf/tf_feed_abi.h``). ``NpyfeedTake`` returns
   npyfeed's 64-byte aligned batch buffers as the tensors' memory (no copy; a buffer goes back to its pool once
   TensorFlow lets go). No Python runs per batch (nor per pass: the epoch counter is an op too), so the gather
   needs neither the GIL nor an exit hook. **Lifetime:** a graph holds only the feed's id (an int64); the feed

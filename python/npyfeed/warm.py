@@ -158,7 +158,7 @@ class _data_set_lock:
 
     The holder removes the lock file before letting go, so none is left behind; a process that waited on the file
     it removed finds that the name no longer holds the file it locked, and locks the one the name holds now (the
-    index cache's lock files work the same way: csrc/src/index_cache.cpp)."""
+    index cache's lock files work the same way: csrc/npyfeed/index/index_cache.cpp)."""
 
     def __init__(self, files: list, *, enabled: bool):
         self._fd = None

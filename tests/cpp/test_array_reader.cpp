@@ -21,8 +21,8 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/array_reader.hpp"
-#include "npyfeed/errors.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/io/array_reader.hpp"
 
 using namespace npyfeed;
 using npyfeed::test::contains;

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "check.hpp"
-#include "npyfeed/block_order.hpp"
-#include "npyfeed/errors.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/plan/block_order.hpp"
 
 using namespace npyfeed;
 

@@ -20,10 +20,10 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/block_stream.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/index.hpp"
-#include "npyfeed/window_source.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/gather/window_source.hpp"
+#include "npyfeed/index/index.hpp"
+#include "npyfeed/stream/block_stream.hpp"
 #include "window_files.hpp"
 
 using namespace npyfeed;

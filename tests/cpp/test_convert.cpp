@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "check.hpp"
-#include "npyfeed/detail/convert.hpp"
-#include "npyfeed/detail/stream_copy.hpp"
+#include "npyfeed/gather/convert.hpp"
+#include "npyfeed/gather/stream_copy.hpp"
 
 using namespace npyfeed;
 

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "check.hpp"
-#include "npyfeed/detail/cpu_features.hpp"
-#include "npyfeed/detail/stream_copy.hpp"
+#include "npyfeed/gather/cpu_features.hpp"
+#include "npyfeed/gather/stream_copy.hpp"
 
 using namespace npyfeed;
 

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "check.hpp"
-#include "npyfeed/dense_index.hpp"
-#include "npyfeed/errors.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/index/dense_index.hpp"
 
 using namespace npyfeed;
 using npyfeed::test::contains;

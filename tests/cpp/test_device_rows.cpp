@@ -8,8 +8,8 @@
 #include <limits>
 
 #include "check.hpp"
-#include "npyfeed/device_rows.hpp"
-#include "npyfeed/errors.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/device/device_rows.hpp"
 
 using namespace npyfeed;
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "check.hpp"
-#include "npyfeed/epoch_order.hpp"
-#include "npyfeed/errors.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/plan/epoch_order.hpp"
 
 using namespace npyfeed;
 

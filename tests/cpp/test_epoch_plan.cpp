@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "check.hpp"
-#include "npyfeed/block_stream.hpp"
-#include "npyfeed/epoch_plan.hpp"
-#include "npyfeed/errors.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/plan/epoch_plan.hpp"
+#include "npyfeed/stream/block_stream.hpp"
 #include "window_files.hpp"
 
 using namespace npyfeed;

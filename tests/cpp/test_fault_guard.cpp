@@ -16,7 +16,7 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/fault_guard.hpp"
+#include "npyfeed/io/fault_guard.hpp"
 
 using namespace npyfeed;
 using npyfeed::test::TempDir;

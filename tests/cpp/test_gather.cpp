@@ -20,11 +20,11 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/batch_stream.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/gather.hpp"
-#include "npyfeed/index.hpp"
-#include "npyfeed/window_source.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/gather/gather.hpp"
+#include "npyfeed/gather/window_source.hpp"
+#include "npyfeed/index/index.hpp"
+#include "npyfeed/stream/batch_stream.hpp"
 
 using namespace npyfeed;
 using npyfeed::test::contains;

@@ -11,8 +11,8 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/index.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/index/index.hpp"
 
 using namespace npyfeed;
 using npyfeed::test::contains;

@@ -18,8 +18,8 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/index_cache.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/index/index_cache.hpp"
 
 using namespace npyfeed;
 using npyfeed::test::contains;

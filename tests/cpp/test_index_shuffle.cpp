@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "check.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/index_shuffle.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/plan/index_shuffle.hpp"
 
 using npyfeed::IndexShuffle;
 

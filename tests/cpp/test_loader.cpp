@@ -18,12 +18,12 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/aligned_buffer.hpp"
-#include "npyfeed/direct_reader.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/file.hpp"
-#include "npyfeed/loader.hpp"
-#include "npyfeed/mapped_file.hpp"
+#include "npyfeed/common/aligned_buffer.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/io/direct_reader.hpp"
+#include "npyfeed/io/file.hpp"
+#include "npyfeed/io/loader.hpp"
+#include "npyfeed/io/mapped_file.hpp"
 
 using namespace npyfeed;
 using npyfeed::test::contains;

@@ -9,8 +9,8 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/npy_header.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/format/npy_header.hpp"
 
 using namespace npyfeed;
 using npyfeed::test::contains;

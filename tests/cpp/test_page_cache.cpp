@@ -10,9 +10,9 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/page_cache.hpp"
-#include "npyfeed/thread_pool.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/common/thread_pool.hpp"
+#include "npyfeed/io/page_cache.hpp"
 
 using namespace npyfeed;
 using npyfeed::test::TempDir;

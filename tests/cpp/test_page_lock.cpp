@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "check.hpp"
-#include "npyfeed/aligned_buffer.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/page_lock.hpp"
+#include "npyfeed/common/aligned_buffer.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/device/page_lock.hpp"
 
 using namespace npyfeed;
 

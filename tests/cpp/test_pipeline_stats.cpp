@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "check.hpp"
-#include "npyfeed/epoch_plan.hpp"
-#include "npyfeed/pipeline_stats.hpp"
+#include "npyfeed/plan/epoch_plan.hpp"
+#include "npyfeed/stream/pipeline_stats.hpp"
 #include "window_files.hpp"
 
 using namespace npyfeed;

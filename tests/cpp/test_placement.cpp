@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "check.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/placement.hpp"
-#include "npyfeed/thread_pool.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/common/placement.hpp"
+#include "npyfeed/common/thread_pool.hpp"
 
 using namespace npyfeed;
 using npyfeed::test::contains;

@@ -18,10 +18,10 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/array_reader.hpp"
-#include "npyfeed/direct_reader.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/read_queue.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/io/array_reader.hpp"
+#include "npyfeed/io/direct_reader.hpp"
+#include "npyfeed/io/read_queue.hpp"
 #include "window_files.hpp"
 
 using namespace npyfeed;

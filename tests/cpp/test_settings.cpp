@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "check.hpp"
-#include "npyfeed/settings.hpp"
+#include "npyfeed/common/settings.hpp"
 
 using namespace npyfeed;
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "check.hpp"
-#include "npyfeed/stream_at_position.hpp"
-#include "npyfeed/thread_pool.hpp"
+#include "npyfeed/common/thread_pool.hpp"
+#include "npyfeed/stream/stream_at_position.hpp"
 
 using namespace npyfeed;
 

@@ -13,7 +13,7 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/detail/stream_copy.hpp"
+#include "npyfeed/gather/stream_copy.hpp"
 
 using namespace npyfeed;
 

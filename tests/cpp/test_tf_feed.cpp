@@ -14,13 +14,13 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/epoch_order.hpp"
-#include "npyfeed/epoch_plan.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/index.hpp"
-#include "npyfeed/tf_feed.hpp"
-#include "npyfeed/thread_pool.hpp"
-#include "npyfeed/window_source.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/common/thread_pool.hpp"
+#include "npyfeed/gather/window_source.hpp"
+#include "npyfeed/index/index.hpp"
+#include "npyfeed/plan/epoch_order.hpp"
+#include "npyfeed/plan/epoch_plan.hpp"
+#include "npyfeed/tf/tf_feed.hpp"
 
 using namespace npyfeed;
 using npyfeed::test::contains;

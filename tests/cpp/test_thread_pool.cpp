@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "check.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/thread_pool.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/common/thread_pool.hpp"
 
 using namespace npyfeed;
 using namespace std::chrono_literals;

@@ -19,10 +19,10 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/index.hpp"
-#include "npyfeed/transform.hpp"
-#include "npyfeed/window_source.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/gather/transform.hpp"
+#include "npyfeed/gather/window_source.hpp"
+#include "npyfeed/index/index.hpp"
 
 using namespace npyfeed;
 using npyfeed::test::contains;

@@ -8,11 +8,11 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/errors.hpp"
-#include "npyfeed/loader.hpp"
-#include "npyfeed/npz.hpp"
-#include "npyfeed/thread_pool.hpp"
-#include "npyfeed/zip_archive.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/common/thread_pool.hpp"
+#include "npyfeed/format/npz.hpp"
+#include "npyfeed/format/zip_archive.hpp"
+#include "npyfeed/io/loader.hpp"
 
 #ifdef NPYFEED_TEST_HAVE_ZLIB
 #include <zlib.h>

@@ -12,9 +12,9 @@
 
 #include "check.hpp"
 #include "npy_writer.hpp"
-#include "npyfeed/index.hpp"
-#include "npyfeed/thread_pool.hpp"
-#include "npyfeed/window_source.hpp"
+#include "npyfeed/common/thread_pool.hpp"
+#include "npyfeed/gather/window_source.hpp"
+#include "npyfeed/index/index.hpp"
 
 namespace npyfeed::test::window_files {
 

@@ -17,8 +17,8 @@
 #include <string>
 #include <string_view>
 
-#include "npyfeed/errors.hpp"
-#include "npyfeed/npy_header.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/format/npy_header.hpp"
 
 using namespace npyfeed;
 

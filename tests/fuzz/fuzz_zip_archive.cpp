@@ -10,8 +10,8 @@
 #include <cstring>
 #include <vector>
 
-#include "npyfeed/errors.hpp"
-#include "npyfeed/zip_archive.hpp"
+#include "npyfeed/common/errors.hpp"
+#include "npyfeed/format/zip_archive.hpp"
 
 using namespace npyfeed;
 
