@@ -147,9 +147,9 @@ def main(argv=None) -> int:
                 best = seconds
                 cpu_per_step[(name, k)] = (time.process_time() - cpu0) / args.steps
             if name == "device":
-                h2d_bytes["device"] = npyfeed._tf_pipeline.pipeline_of(ds).device.host_bytes_per_step
+                h2d_bytes["device"] = npyfeed.tf._pipeline.pipeline_of(ds).device.host_bytes_per_step
             if name == "streamed":  # the start rows, and what a whole epoch uploads over its steps
-                on_device = npyfeed._tf_pipeline.pipeline_of(ds).device
+                on_device = npyfeed.tf._pipeline.pipeline_of(ds).device
                 assert on_device.streams, "the streamed feed must be over its device budget"
                 h2d_bytes["streamed"] = on_device.host_bytes_per_step + on_device.host_rows.streamed_epoch_bytes(r) / per_epoch
             del it, ds

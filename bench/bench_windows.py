@@ -70,7 +70,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import npyfeed  # noqa: E402
-from npyfeed import _baselines  # noqa: E402
+from npyfeed.bench import _baselines  # noqa: E402
 
 TABLE_HEADER = ("contender", "src", "cache", "batches", "samples/s", "median", "1st ms", "cpu us/smp", "x (a)",
                 "x (b)", "x (e)", "limit", "x limit", "x page-cache limit", "setup")
@@ -528,7 +528,7 @@ class NpyfeedTF(Npyfeed):
 
     def open(self, data, batches, log):
         import npyfeed.tf as nftf
-        from npyfeed import _tf_feed
+        from npyfeed.tf import _feed as _tf_feed
 
         self.handle = _SourceHandle(self.make_source(data))
         # A new dataset per measurement: its first pass is epoch 0, the order every contender uses. The path is

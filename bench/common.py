@@ -8,7 +8,7 @@ Everything a benchmark needs besides the contenders themselves:
 * page-cache control: eviction with ``posix_fadvise(DONTNEED)`` per file, warming, and a residency check;
 * the physical limits, measured in the same run: memory copy (1 and N threads, into recycled and into fresh
   buffers) and the disk's O_DIRECT sequential and random read bandwidth, all without compiled code (eviction,
-  memory copy, the disk probes, the table printer and the machine facts live in ``npyfeed._measure``, which
+  memory copy, the disk probes, the table printer and the machine facts live in ``npyfeed.bench._measure``, which
   ``npyfeed bench`` shares; they are re-exported here);
 * repeat timing (best and median), a plain-text table printer and JSON output.
 
@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 from npyfeed._layout import index_text, write_index, write_key
-from npyfeed._measure import (  # noqa: F401 - re-exported for the benchmarks
+from npyfeed.bench._measure import (  # noqa: F401 - re-exported for the benchmarks
     DIRECT_ALIGN,
     GB,
     PAGE,

@@ -19,7 +19,9 @@ from pathlib import Path
 import npyfeed
 import numpy as np
 import pytest
-from npyfeed import _bench_run, _core, _layout, _measure, bench, cli
+from npyfeed import _core, _layout, bench, cli
+from npyfeed.bench import _measure
+from npyfeed.bench import _run as _bench_run
 
 KEYS, ROWS, COLS, LABELS, W, B = 10, 300, 8, 2, 20, 32
 HAVE_TF = importlib.util.find_spec("tensorflow") is not None
@@ -554,7 +556,7 @@ def test_a_window_outside_its_file_names_the_index_line(data, capsys):
 
 
 def test_the_module_imports_neither_tensorflow_nor_matplotlib():
-    code = ("import sys, npyfeed.bench, npyfeed._bench_run, npyfeed.cli; "
+    code = ("import sys, npyfeed.bench, npyfeed.bench._run, npyfeed.cli; "
             "print(sorted(m for m in ('tensorflow', 'matplotlib', 'tqdm') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr

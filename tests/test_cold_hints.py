@@ -14,7 +14,7 @@ import sys
 import npyfeed
 import numpy as np
 import pytest
-from npyfeed import _measure
+from npyfeed.bench import _measure
 from windows_data import check_epoch, open_source, write_dataset
 
 ROWS, COLS, WINDOW = 4_000, 64, 8  # 1 MB factor files: each batch's windows lie far apart

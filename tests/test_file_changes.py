@@ -98,7 +98,7 @@ def _read(src, path: str) -> list:
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=shuffle, seed=1, memory_budget=BUDGET, gather="device",
                             device="/cpu:0", **kw)
     if path == "device-streamed":
-        assert npyfeed._tf_pipeline.pipeline_of(ds).device.streams
+        assert npyfeed.tf._pipeline.pipeline_of(ds).device.streams
     return [(x.numpy(), y.numpy()) for x, y in ds]
 
 

@@ -57,12 +57,12 @@ def _assert_reads(got: list, expected: list):
 def nftf(request):
     """npyfeed.tf, on one path (native ops or the numpy_function fallback)."""
     pytest.importorskip("tensorflow")
-    import npyfeed._tf_feed
     import npyfeed.tf
+    import npyfeed.tf._feed
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NPYFEED_TF_OPS", "1" if request.param == "native" else "0")
-        assert (npyfeed._tf_feed.native_ops() is not None) == (request.param == "native")
+        assert (npyfeed.tf._feed.native_ops() is not None) == (request.param == "native")
         yield npyfeed.tf
 
 
@@ -113,7 +113,7 @@ def test_tf_epoch_callback_refuses_what_it_cannot_follow(src, nftf):
         callback.on_train_begin()
     for epoch, batch in ((0, len(ds)), (-1, 0), (2**62, 0)):
         with pytest.raises(ValueError, match="batch|epoch"):
-            npyfeed._tf_pipeline.pipeline_of(ds).passes.start(epoch, batch)
+            npyfeed.tf._pipeline.pipeline_of(ds).passes.start(epoch, batch)
 
 
 def test_a_streamed_device_pipeline_starts_passes_at_an_epochs_first_batch(nftf):
@@ -124,7 +124,7 @@ def test_a_streamed_device_pipeline_starts_passes_at_an_epochs_first_batch(nftf)
     src = npyfeed.WindowSource.from_arrays(index, factors, labels, 10, cache=False)
     kw = dict(shuffle="blocks", memory_budget=20_000, seed=0)
     ds = nftf.dataset(src, 16, gather="device", device="/cpu:0", device_memory_budget=34_000, **kw)
-    assert npyfeed._tf_pipeline.pipeline_of(ds).device.streams
+    assert npyfeed.tf._pipeline.pipeline_of(ds).device.streams
     callback = nftf.EpochCallback(ds)
     callback.on_epoch_begin(2)
     with pytest.raises(ValueError, match="at an epoch's first batch only"):

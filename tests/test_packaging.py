@@ -55,7 +55,8 @@ def test_sdist_holds_what_the_build_needs():
     assert compiled and compiled <= files, sorted(compiled - files)
     headers = {str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*") if p.suffix in (".h", ".hpp")}
     assert headers <= files, sorted(headers - files)
-    python = {str(p.relative_to(ROOT)) for p in (ROOT / "python/npyfeed").glob("*.py")}
+    python = {str(p.relative_to(ROOT)) for p in (ROOT / "python/npyfeed").rglob("*.py")}
+    assert "python/npyfeed/tf/_compat.py" in python and "python/npyfeed/bench/_run.py" in python
     assert python <= files, sorted(python - files)
 
 
@@ -80,6 +81,9 @@ def test_wheels_hold_both_libraries_and_nothing_else_compiled():
         assert libraries[1] == "npyfeed/_tf_ops.so"
         for needed in ("npyfeed/__init__.py", "npyfeed/_core.pyi", "npyfeed/py.typed"):
             assert needed in names, needed
+        python = {f"npyfeed/{p.relative_to(ROOT / 'python/npyfeed').as_posix()}"
+                  for p in (ROOT / "python/npyfeed").rglob("*.py")}
+        assert python <= set(names), sorted(python - set(names))  # the subpackages (tf/, bench/) too
         bad = [n for n in names if FORBIDDEN.search(n) or n.endswith((".npy", ".npz", ".pyc"))]
         assert not bad, bad
         assert any(re.fullmatch(r"npyfeed-[^/]+\.dist-info/licenses/LICENSE", n) for n in names)

@@ -47,13 +47,13 @@ PATHS = ["native", "numpy_function"]
 def tf(request):
     """TensorFlow, with npyfeed.tf on one path (every in-process test runs on both)."""
     tf = pytest.importorskip("tensorflow")
-    import npyfeed._tf_feed
     import npyfeed.tf
+    import npyfeed.tf._feed
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NPYFEED_TF_OPS", "1" if request.param == "native" else "0")
         # The native path must really be the one tested: the op library loads wherever npyfeed was built.
-        assert (npyfeed._tf_feed.native_ops() is not None) == (request.param == "native")
+        assert (npyfeed.tf._feed.native_ops() is not None) == (request.param == "native")
         _start_gather_workers()
         yield tf
 
@@ -68,17 +68,17 @@ def _start_gather_workers():
 @pytest.fixture
 def numpy_function_path(tf):
     """For tests of the fallback's own machinery (its ``FallbackGather``): skipped on the native path."""
-    import npyfeed._tf_feed
+    import npyfeed.tf._feed
 
-    if npyfeed._tf_feed.native_ops() is not None:
+    if npyfeed.tf._feed.native_ops() is not None:
         pytest.skip("tests the numpy_function path's gather")
 
 
 def _pipeline(ds):
     """What npyfeed keeps for a dataset it returned: its plan (``batches``), the arrays on the device (``device``)."""
-    import npyfeed._tf_pipeline
+    import npyfeed.tf._pipeline
 
-    return npyfeed._tf_pipeline.pipeline_of(ds)
+    return npyfeed.tf._pipeline.pipeline_of(ds)
 
 
 def _make_arrays():
@@ -260,17 +260,17 @@ def test_tf_adopts_aligned_batch_buffers_without_copying(tf, src):
 @pytest.fixture
 def recorded(monkeypatch, numpy_function_path):
     """Every batch npyfeed.tf's gather hands to TensorFlow (its ``numpy_function``), in call order."""
-    import npyfeed._tf_feed
+    import npyfeed.tf._feed
 
     calls = []
-    gather = npyfeed._tf_feed.FallbackGather.__call__
+    gather = npyfeed.tf._feed.FallbackGather.__call__
 
     def record(self, epoch, batch):
         out = gather(self, epoch, batch)
         calls.append((int(epoch), int(batch), out))
         return out
 
-    monkeypatch.setattr(npyfeed._tf_feed.FallbackGather, "__call__", record)
+    monkeypatch.setattr(npyfeed.tf._feed.FallbackGather, "__call__", record)
     return calls
 
 
@@ -294,17 +294,17 @@ def test_batches_reach_tensorflow_without_a_copy(tf, src, recorded):
 
 
 def test_an_error_in_a_gather_reaches_the_loop(tf, src, monkeypatch, numpy_function_path):
-    import npyfeed._tf_feed
     import npyfeed.tf
+    import npyfeed.tf._feed
 
-    gather = npyfeed._tf_feed.FallbackGather.__call__
+    gather = npyfeed.tf._feed.FallbackGather.__call__
 
     def failing(self, epoch, batch):  # the third batch fails, as a file truncated under it would
         if int(batch) == 2:
             raise OSError("disk gone under k3.npy")
         return gather(self, epoch, batch)
 
-    monkeypatch.setattr(npyfeed._tf_feed.FallbackGather, "__call__", failing)
+    monkeypatch.setattr(npyfeed.tf._feed.FallbackGather, "__call__", failing)
     got = []
     with pytest.raises(tf.errors.OpError, match="disk gone under k3.npy"):
         for x, _ in npyfeed.tf.dataset(src, 4):
@@ -338,9 +338,9 @@ def test_a_file_truncated_under_the_pipeline_fails_naming_it(tf, tmp_path, consu
 
 @pytest.fixture
 def native_ops(tf):
-    import npyfeed._tf_feed
+    import npyfeed.tf._feed
 
-    ops = npyfeed._tf_feed.native_ops()
+    ops = npyfeed.tf._feed.native_ops()
     if ops is None:
         pytest.skip("tests the op library")
     return ops
@@ -393,13 +393,13 @@ def test_native_stale_feed_is_a_clear_error(tf, src, native_ops):
 
 
 def test_an_op_library_that_does_not_load_falls_back_with_one_warning(tf, src, monkeypatch, caplog):
-    import npyfeed._tf_feed
     import npyfeed.tf
+    import npyfeed.tf._feed
 
     def refuse(path):
         raise tf.errors.NotFoundError(None, None, f"{path}: undefined symbol: TF_Something")
 
-    monkeypatch.setattr(npyfeed._tf_feed, "_ops_result", [])  # not tried yet in this process
+    monkeypatch.setattr(npyfeed.tf._feed, "_ops_result", [])  # not tried yet in this process
     monkeypatch.setattr(tf, "load_op_library", refuse)
     monkeypatch.delenv("NPYFEED_TF_OPS", raising=False)
     with caplog.at_level("WARNING", logger="npyfeed"):
@@ -551,12 +551,12 @@ _GATHER_IN_FLIGHT_AT_EXIT = """
         print(f"gathers in flight as finalization starts: {len(gathers_in_flight)}", file=sys.stderr, flush=True)
 
     atexit.register(report_at_finalization)
-    import npyfeed._tf_feed
+    import npyfeed.tf._feed
     import npyfeed.tf
     if DISABLE_HOOK:
-        atexit.unregister(npyfeed._tf_feed.stop_python_calls)
+        atexit.unregister(npyfeed.tf._feed.stop_python_calls)
 
-    gather, init = npyfeed._tf_feed.FallbackGather.__call__, npyfeed._tf_feed.FallbackGather.__init__
+    gather, init = npyfeed.tf._feed.FallbackGather.__call__, npyfeed.tf._feed.FallbackGather.__init__
 
     class SlowBatches:  # each gather takes 2 s, in the C++ call's place (GIL released, inside the hook's count)
         def __init__(self, batches):
@@ -578,7 +578,7 @@ _GATHER_IN_FLIGHT_AT_EXIT = """
         finally:
             gathers_in_flight.pop()
 
-    npyfeed._tf_feed.FallbackGather.__init__, npyfeed._tf_feed.FallbackGather.__call__ = slow_init, counted
+    npyfeed.tf._feed.FallbackGather.__init__, npyfeed.tf._feed.FallbackGather.__call__ = slow_init, counted
     it = iter(npyfeed.tf.dataset(src, 4))
     next(it)
     deadline = time.monotonic() + 60
@@ -599,8 +599,8 @@ _DEVICE_CALL_IN_FLIGHT_AT_EXIT = """
         print(f"gathers in flight as finalization starts: {len(gathers_in_flight)}", file=sys.stderr, flush=True)
 
     atexit.register(report_at_finalization)
-    import npyfeed._device, npyfeed.tf
-    rows = npyfeed._device.DeviceGather.rows
+    import npyfeed.tf._device, npyfeed.tf
+    rows = npyfeed.tf._device.DeviceGather.rows
 
     def slow_rows(self, epoch, batch):
         gathers_in_flight.append(1)
@@ -611,7 +611,7 @@ _DEVICE_CALL_IN_FLIGHT_AT_EXIT = """
         finally:
             gathers_in_flight.pop()
 
-    npyfeed._device.DeviceGather.rows = slow_rows
+    npyfeed.tf._device.DeviceGather.rows = slow_rows
     it = iter(npyfeed.tf.dataset(src, 4, gather="device", device="/cpu:0"))
     next(it)
     deadline = time.monotonic() + 60
@@ -658,7 +658,7 @@ _SCRIPTS = {
             break
         streamed = npyfeed.tf.dataset(src, 4, shuffle="blocks", memory_budget=1000, gather="device", device="/cpu:0",
                                       device_memory_budget=3000)
-        assert npyfeed._tf_pipeline.pipeline_of(streamed).device.streams
+        assert npyfeed.tf._pipeline.pipeline_of(streamed).device.streams
         for x in streamed:
             break
         print("ok")
@@ -686,9 +686,9 @@ _SCRIPTS = {
     """,
     # The native path: gathers in flight (batches of 25 MB) as the script exits, no exit hook involved.
     "exit_with_native_gathers_in_flight": """
-        import npyfeed._tf_feed
+        import npyfeed.tf._feed
         import npyfeed.tf
-        assert npyfeed._tf_feed.native_ops() is not None
+        assert npyfeed.tf._feed.native_ops() is not None
         big = npyfeed.WindowSource.from_arrays([(f, f, "a") for f in range(99, 20000, 5)],
                                                {"a": np.ones((20000, 256), np.float32)},
                                                {"a": np.ones((20000, 1), np.float32)}, 100, threads=1)
@@ -698,10 +698,10 @@ _SCRIPTS = {
         resident = npyfeed.tf.dataset(src, 4, shuffle=True, gather="device", device="/cpu:0")
         streamed = npyfeed.tf.dataset(src, 4, shuffle="blocks", memory_budget=1000, gather="device",
                                       device="/cpu:0", device_memory_budget=3000)
-        streamed_on, resident_on = (npyfeed._tf_pipeline.pipeline_of(d) for d in (streamed, resident))
+        streamed_on, resident_on = (npyfeed.tf._pipeline.pipeline_of(d) for d in (streamed, resident))
         assert streamed_on.device.streams and not resident_on.device.streams
         assert len(list(resident)) == len(list(streamed)) == len(resident_on.batches)
-        assert not npyfeed._tf_feed.python_calls.used, "the native path went through the exit hook's bookkeeping"
+        assert not npyfeed.tf._feed.python_calls.used, "the native path went through the exit hook's bookkeeping"
         print("ok")
     """,
     # TensorFlow's threads flush subnormals to zero (FTZ/DAZ); gather workers started from such a thread must not.

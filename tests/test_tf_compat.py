@@ -1,4 +1,4 @@
-"""TensorFlow's private API, held in `npyfeed._tf_compat`: this TensorFlow release is one the surface was checked
+"""TensorFlow's private API, held in `npyfeed.tf._compat`: this TensorFlow release is one the surface was checked
 on, every private name is there, and without it the pipelines still give the numpy iterator's batches through
 public tf.data API, saying once what is missing."""
 
@@ -26,11 +26,11 @@ PYTHON = pathlib.Path(__file__).resolve().parents[1] / "python" / "npyfeed"
 @pytest.fixture(scope="module")
 def compat():
     pytest.importorskip("tensorflow")
-    import npyfeed._tf_compat
-    import npyfeed._tf_feed
     import npyfeed.tf  # noqa: F401
+    import npyfeed.tf._compat
+    import npyfeed.tf._feed
 
-    return npyfeed._tf_compat
+    return npyfeed.tf._compat
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def _maps(ds) -> list:
 def test_the_private_map_is_in_the_calling_thread(compat, src, monkeypatch):
     # The control of the fallback's map check below: the private map has no inter-op pool.
     monkeypatch.setenv("NPYFEED_TF_OPS", "1")
-    if npyfeed._tf_feed.native_ops() is None:
+    if npyfeed.tf._feed.native_ops() is None:
         pytest.skip("npyfeed's op library did not load")
     assert not all(attr["use_inter_op_parallelism"].b for attr in _maps(npyfeed.tf.dataset(src, BATCH)))
 
@@ -80,7 +80,7 @@ def test_this_tensorflow_release_was_checked(compat):
     assert compat.version_checked(tf.__version__), (
         f"TensorFlow {tf.__version__} is not among the releases npyfeed's use of TensorFlow's private API was checked "
         f"on ({compat.CHECKED_VERSIONS}): run the TensorFlow tests on it, check the names in "
-        f"python/npyfeed/_tf_compat.py, then add it to CHECKED_VERSIONS")
+        f"python/npyfeed/tf/_compat.py, then add it to CHECKED_VERSIONS")
 
 
 @pytest.mark.parametrize("version, checked", [("2.15.1", True), ("2.21.0", True), ("2.21.0rc1", True),
@@ -94,8 +94,9 @@ def test_every_private_name_is_there(compat):
 
     assert compat.MISSING == [] and compat.AVAILABLE
     # Only this module reaches into tensorflow.python.
-    reaching = sorted(p.name for p in PYTHON.rglob("*.py") if "tensorflow.python" in p.read_text())
-    assert reaching == ["_tf_compat.py"], reaching
+    reaching = sorted(p.relative_to(PYTHON).as_posix() for p in PYTHON.rglob("*.py")
+                      if "tensorflow.python" in p.read_text())
+    assert reaching == ["tf/_compat.py"], reaching
     # The attributes of TensorFlow's own objects the adapters read, on real ones.
     ds = tf.data.Dataset.range(3)
     it = iter(ds)
@@ -132,11 +133,11 @@ def without_private_api(compat, monkeypatch, caplog):
 
 @pytest.mark.parametrize("feed", ["native", "numpy_function"])
 def test_without_the_private_api_the_batches_are_the_same(compat, src, without_private_api, monkeypatch, feed):
-    import npyfeed._tf_feed
+    import npyfeed.tf._feed
     import tensorflow as tf
 
     monkeypatch.setenv("NPYFEED_TF_OPS", "1" if feed == "native" else "0")
-    if feed == "native" and npyfeed._tf_feed.native_ops() is None:
+    if feed == "native" and npyfeed.tf._feed.native_ops() is None:
         pytest.skip("npyfeed's op library did not load")
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3)
     it = iter(ds)
@@ -166,9 +167,9 @@ import tensorflow.python.autograph.core as core
 # A release without the module: its import fails (TensorFlow's own code holds its copy).
 del core.ag_ctx
 sys.modules["tensorflow.python.autograph.core.ag_ctx"] = None
-import npyfeed, npyfeed._tf_compat, npyfeed.tf
+import npyfeed, npyfeed.tf._compat, npyfeed.tf
 
-assert not npyfeed._tf_compat.AVAILABLE, npyfeed._tf_compat.MISSING
+assert not npyfeed.tf._compat.AVAILABLE, npyfeed.tf._compat.MISSING
 rng = np.random.default_rng(11)
 factors = {k: rng.standard_normal((50, 3)).astype(np.float32) for k in "abc"}
 labels = {k: rng.standard_normal((50, 2)).astype(np.float32) for k in "abc"}

@@ -33,12 +33,12 @@ def tf(request):
     """TensorFlow, with npyfeed.tf on one path: the host half of each step by the op library's ops, or by
     ``tf.numpy_function`` (the fallback); every in-process test runs on both."""
     tf = pytest.importorskip("tensorflow")
-    import npyfeed._tf_feed
     import npyfeed.tf  # noqa: F401
+    import npyfeed.tf._feed
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NPYFEED_TF_OPS", "1" if request.param == "native" else "0")
-        assert (npyfeed._tf_feed.native_ops() is not None) == (request.param == "native")
+        assert (npyfeed.tf._feed.native_ops() is not None) == (request.param == "native")
         yield tf
 
 
@@ -57,9 +57,9 @@ def _inputs(bounds="error", dtype="<f4", keys="abcde"):
 
 def _pipeline(ds):
     """What npyfeed keeps for a dataset it returned: its plan (``batches``), the arrays on the device (``device``)."""
-    import npyfeed._tf_pipeline
+    import npyfeed.tf._pipeline
 
-    return npyfeed._tf_pipeline.pipeline_of(ds)
+    return npyfeed.tf._pipeline.pipeline_of(ds)
 
 
 def _source(bounds="error", dtype="<f4", out="float32", keys="abcde"):
@@ -352,9 +352,9 @@ def test_over_the_device_budget_other_orders_and_small_budgets_are_refused(tf):
 def test_in_a_graph_large_arrays_stream_or_are_refused(tf, monkeypatch):
     """tf.compat.v1 / tf.estimator: resident arrays would be graph constants (2 GB protocol buffer limit): past
     GRAPH_CONSTANT_BYTES, shuffle="blocks" streams (same batches in a Session) and other orders are refused."""
-    import npyfeed._device
+    import npyfeed.tf._device
 
-    monkeypatch.setattr(npyfeed._device, "GRAPH_CONSTANT_BYTES", 5000)
+    monkeypatch.setattr(npyfeed.tf._device, "GRAPH_CONSTANT_BYTES", 5000)
     src = _stream_source("pad")
     graph = tf.Graph()
     with graph.as_default():
@@ -506,7 +506,7 @@ def test_another_device_than_the_host_gets_its_batches_there(tmp_path):
             _assert_same(got, list(want))
             x, y = next(iter(ds))
             assert x.device.endswith("CPU:1") and y.device.endswith("CPU:1"), (x.device, y.device)
-            print("streams" if npyfeed._tf_pipeline.pipeline_of(ds).device.streams else "resident", len(got))
+            print("streams" if npyfeed.tf._pipeline.pipeline_of(ds).device.streams else "resident", len(got))
         with tf.device("/cpu:1"):  # the default device: the enclosing scope's
             x, _ = next(iter(npyfeed.tf.dataset(src, BATCH, gather="device")))
         print(x.device.endswith("CPU:1"))
@@ -588,7 +588,7 @@ GIB = 1 << 30
 @pytest.fixture
 def fake_gpus(tf, monkeypatch):
     """Two GPUs as TensorFlow and the CUDA runtime would describe them; returns (cudart, settings)."""
-    from npyfeed import _device
+    from npyfeed.tf import _device
 
     cudart = _FakeCudart([(1 * GIB, 80 * GIB), (2 * GIB, 80 * GIB)], current=0)
     settings = {"growth": False, "configs": {}, "in_use": {0: 5 * GIB, 1: 3 * GIB}}
@@ -607,7 +607,7 @@ def fake_gpus(tf, monkeypatch):
 
 
 def test_the_probe_does_not_change_the_current_device(fake_gpus):
-    from npyfeed._device import device_free_bytes
+    from npyfeed.tf._device import device_free_bytes
 
     cudart, _ = fake_gpus
     cudart.current = 0
@@ -621,7 +621,7 @@ def test_the_probe_does_not_change_the_current_device(fake_gpus):
 
 
 def test_tensorflow_pool_counts_as_available(fake_gpus, monkeypatch):
-    from npyfeed._device import device_free_bytes
+    from npyfeed.tf._device import device_free_bytes
 
     cudart, settings = fake_gpus
     # TensorFlow's default: its pool took nearly all of GPU 1 (CUDA reports 2 GiB free of 80); its tensors use 3.
@@ -644,7 +644,7 @@ def test_tensorflow_pool_counts_as_available(fake_gpus, monkeypatch):
 def test_logical_devices_map_to_their_gpu(fake_gpus):
     """Two logical devices on GPU 0 (each with its limit): logical GPU 2 is physical GPU 1."""
     import tensorflow as tf
-    from npyfeed._device import device_free_bytes
+    from npyfeed.tf._device import device_free_bytes
 
     cudart, settings = fake_gpus
     settings["configs"]["/physical_device:GPU:0"] = [tf.config.LogicalDeviceConfiguration(memory_limit=4096)] * 2
@@ -657,7 +657,7 @@ def test_logical_devices_map_to_their_gpu(fake_gpus):
 
 
 def test_the_rule(tf):
-    from npyfeed._device import tensorflow_free_bytes
+    from npyfeed.tf._device import tensorflow_free_bytes
 
     assert tensorflow_free_bytes(1 * GIB, 80 * GIB, 5 * GIB, growth=False, limit=None) == 75 * GIB
     assert tensorflow_free_bytes(60 * GIB, 80 * GIB, 0, growth=False, limit=None) == 80 * GIB  # pool not taken yet
@@ -667,7 +667,7 @@ def test_the_rule(tf):
 
 def test_a_hidden_gpu_is_skipped(fake_gpus):
     """tf.config.set_visible_devices hides GPU 0: logical GPU 0 is CUDA device 1."""
-    from npyfeed._device import device_free_bytes
+    from npyfeed.tf._device import device_free_bytes
 
     cudart, settings = fake_gpus
     settings["visible"] = settings["visible"][1:]

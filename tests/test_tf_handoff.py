@@ -24,12 +24,12 @@ BATCH = 8
 @pytest.fixture(scope="module")
 def tf():
     tf = pytest.importorskip("tensorflow")
-    import npyfeed._tf_feed
     import npyfeed.tf
+    import npyfeed.tf._feed
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NPYFEED_TF_OPS", "1")
-        if npyfeed._tf_feed.native_ops() is None:
+        if npyfeed.tf._feed.native_ops() is None:
             pytest.skip("npyfeed's op library did not load")
         yield tf
 
@@ -127,15 +127,15 @@ def test_no_pipeline_runs_an_autotuning_model(tf, src, monkeypatch, pipeline):
 
 
 def test_eager_iterators_are_npyfeeds_and_read_the_numpy_batches(tf, src):
-    import npyfeed._tf_compat
+    import npyfeed.tf._compat
 
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=3)
     it = iter(ds)
-    assert type(it) is npyfeed._tf_compat.HostIterator
+    assert type(it) is npyfeed.tf._compat.HostIterator
     assert isinstance(it, tf.data.Iterator)
     _assert_batches(list(it), _expected(src, [0]))
     repeated = ds.repeat(2)  # epochs 0 and 1: repeat() counts from the dataset's first epoch
-    assert type(iter(repeated)) is npyfeed._tf_compat.HostIterator
+    assert type(iter(repeated)) is npyfeed.tf._compat.HostIterator
     _assert_batches(list(repeated), _expected(src, [0, 1]))
     _assert_batches(list(ds), _expected(src, [2]))  # the next pass continues after the epochs repeat() read
 
@@ -243,7 +243,7 @@ def test_to_tensorflow_the_iterator_is_of_its_own_iterator_type(tf, src, tmp_pat
 def test_unrolled_next_calls_in_a_graph_without_autograph_fail_as_tensorflows(tf, src):
     # A Python loop over the iterator in a tf.function without AutoGraph unrolls into the graph: TensorFlow's
     # iterator refuses past 32 calls, with its message; npyfeed's too.
-    from npyfeed._tf_compat import iterator_ops
+    from npyfeed.tf._compat import iterator_ops
 
     @tf.function(autograph=False)
     def unrolled(iterator):
@@ -286,7 +286,7 @@ def test_a_restored_eager_iterator_continues(tf, src, tmp_path):
 
 def test_an_asynchronous_executor_gets_tensorflows_own_next(tf, src, monkeypatch):
     # Off TensorFlow's default (a synchronous executor), the iterator leaves the step to TensorFlow.
-    from npyfeed._tf_compat import context, iterator_ops
+    from npyfeed.tf._compat import context, iterator_ops
 
     calls = []
     real = iterator_ops.OwnedIterator._next_internal

@@ -22,12 +22,12 @@ BATCH = 8
 @pytest.fixture(scope="module", params=["native", "numpy_function"])
 def tf(request):
     tf = pytest.importorskip("tensorflow")
-    import npyfeed._tf_feed
     import npyfeed.tf
+    import npyfeed.tf._feed
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NPYFEED_TF_OPS", "1" if request.param == "native" else "0")
-        assert (npyfeed._tf_feed.native_ops() is not None) == (request.param == "native")
+        assert (npyfeed.tf._feed.native_ops() is not None) == (request.param == "native")
         yield tf
 
 
@@ -109,21 +109,21 @@ def test_stats_callback_watches_a_source_or_a_plan(tf, src):
 def test_npyfeed_keeps_what_it_knows_of_a_dataset_beside_it_not_on_it(tf, src):
     # A registry of npyfeed's, keyed by the dataset: no attribute of npyfeed's on TensorFlow's object (but the
     # public stats()), found for the dataset itself only, and gone with it.
-    import npyfeed._tf_pipeline
+    import npyfeed.tf._pipeline
 
     ds = npyfeed.tf.dataset(src, BATCH, shuffle=True, seed=1)
     assert [name for name in vars(ds) if "npyfeed" in name or "stats" in name] == ["stats"]
-    pipeline = npyfeed._tf_pipeline.pipeline_of(ds)
+    pipeline = npyfeed.tf._pipeline.pipeline_of(ds)
     assert pipeline.passes is not None and len(pipeline.batches) == src.num_batches(BATCH)
     derived = ds.map(lambda x, y: (x, y))
-    assert npyfeed._tf_pipeline.pipeline_of(derived) is None
+    assert npyfeed.tf._pipeline.pipeline_of(derived) is None
     with pytest.raises(TypeError, match="cannot find npyfeed statistics"):
         npyfeed.stats.StatsLogger(derived)
     logger = npyfeed.stats.StatsLogger(ds)
     logger.epoch_begin()
     list(ds)
     assert logger.epoch_end()["batches"] == src.num_batches(BATCH)
-    assert npyfeed._tf_pipeline.pipeline_of(tf.constant(1)) is None and npyfeed._tf_pipeline.pipeline_of(3) is None
+    assert npyfeed.tf._pipeline.pipeline_of(tf.constant(1)) is None and npyfeed.tf._pipeline.pipeline_of(3) is None
     gone = weakref.ref(ds)
     del ds, derived, logger, pipeline
     gc.collect()

@@ -21,7 +21,7 @@ from pathlib import Path
 import npyfeed
 import numpy as np
 import pytest
-from npyfeed import _measure
+from npyfeed.bench import _measure
 from npyfeed.cli import main as cli_main
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

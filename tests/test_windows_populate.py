@@ -19,7 +19,7 @@ import time
 import npyfeed
 import numpy as np
 import pytest
-from npyfeed import _measure
+from npyfeed.bench import _measure
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps and MADV_POPULATE_READ: Linux")
 

@@ -62,7 +62,7 @@ def build_info(tf: bool = False) -> dict:
         except ImportError:
             info["tf_ops_loadable"] = False
         else:
-            from ._tf_feed import native_ops
+            from .tf._feed import native_ops
 
             info["tensorflow"] = tensorflow.__version__
             info["tf_ops_loadable"] = native_ops() is not None

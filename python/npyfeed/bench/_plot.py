@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from .bench import _bytes
+from ._text import _bytes
 
 COLOURS = {"warm": "#d9822b", "cold": "#2b6cb0"}
 

@@ -44,8 +44,8 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from . import _checks, _core
-from ._resources import environment
+from .. import _checks, _core
+from .._resources import environment
 
 log = logging.getLogger("npyfeed")
 
@@ -67,7 +67,7 @@ def native_ops():
 
 
 def _load_native_ops():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tf_ops.so")
+    path = os.path.join(os.path.dirname(os.path.abspath(_core.__file__)), "_tf_ops.so")  # installed beside _core
     try:
         if not os.path.exists(path):
             raise OSError(f"{path} is not installed")

@@ -9,8 +9,8 @@ over a dataset reads the next epoch; its iterators are checkpointable (``tf.trai
 holds positions, never batches). Errors of a gather (a truncated file, a bad header) reach the loop as
 ``tf.errors.OpError`` with npyfeed's message, which names the file, index line or key.
 
-How the pipelines are built is in `_tf_pipeline`; how they reach their plan (the op library, the fallback and
-its exit hook) in `_tf_feed`; the private TensorFlow API they use, and its public fallback, in `_tf_compat`.
+How the pipelines are built is in `_pipeline`; how they reach their plan (the op library, the fallback and
+its exit hook) in `_feed`; the private TensorFlow API they use, and its public fallback, in `_compat`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import os
 
 import tensorflow as tf
 
-from . import _checks, _epochs, _tf_pipeline
-from . import stats as _stats
-from .plan import DEFAULT_MEMORY_BUDGET
+from .. import _checks, _epochs
+from .. import stats as _stats
+from ..plan import DEFAULT_MEMORY_BUDGET
+from . import _pipeline
 
 __all__ = ["dataset", "EpochCallback", "StatsCallback"]
 
@@ -167,10 +168,10 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         if pin_memory:
             tf.config.list_physical_devices("GPU")  # TensorFlow loads its CUDA runtime, which the pinning uses
             plan._core.pin_taken_batches(_gpu_index(device))
-        return _tf_pipeline.host_pipeline(src, plan, batch_size, drop_remainder, epoch, device)
+        return _pipeline.host_pipeline(src, plan, batch_size, drop_remainder, epoch, device)
     if device_memory_budget is not None:
         device_memory_budget = _checks.positive(device_memory_budget, "device_memory_budget")
-    return _tf_pipeline.device_pipeline(src, plan, batch_size, drop_remainder, epoch, device, storage_dtype,
+    return _pipeline.device_pipeline(src, plan, batch_size, drop_remainder, epoch, device, storage_dtype,
                                         device_memory_budget)
 
 
@@ -214,7 +215,7 @@ class EpochCallback(_epochs.KerasEpochCallback, tf.keras.callbacks.Callback):
     """
 
     def __init__(self, ds):
-        pipeline = _tf_pipeline.pipeline_of(ds)
+        pipeline = _pipeline.pipeline_of(ds)
         passes = None if pipeline is None else pipeline.passes
         if passes is None:
             raise TypeError("npyfeed.tf.EpochCallback needs a dataset returned by npyfeed.tf.dataset (not its "

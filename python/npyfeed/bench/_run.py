@@ -14,10 +14,14 @@ from dataclasses import asdict
 
 import numpy as np
 
-from . import __version__, _baselines, _core, _measure
-from ._layout import index_text, write_index
-from ._resources import available_memory
-from .bench import (
+from .. import __version__, _core
+from .._layout import index_text, write_index
+from .._resources import available_memory
+from ..loading import _native, read_header
+from ..plan import DEFAULT_MEMORY_BUDGET
+from ..windows import WindowSource
+from . import _baselines, _measure
+from ._report import (
     BLOCKS_ROW,
     DICT_BYTES,
     DICT_ROW,
@@ -31,12 +35,9 @@ from .bench import (
     BenchReport,
     Limit,
     Row,
-    _bytes,
     recommend,
 )
-from .loading import _native, read_header
-from .plan import DEFAULT_MEMORY_BUDGET
-from .windows import WindowSource
+from ._text import _bytes
 
 
 class Bench:
@@ -327,7 +328,7 @@ class Bench:
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             import tensorflow  # noqa: F401
 
-            from . import tf as npyfeed_tf
+            from .. import tf as npyfeed_tf
         except ImportError:
             self.notes.append("TensorFlow is not installed (pip install 'npyfeed[tf]'): no tf.data row")
             return Row(TF_ROW, "warm", skipped="TensorFlow is not installed")

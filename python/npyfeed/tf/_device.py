@@ -18,8 +18,8 @@ import ctypes
 import numpy as np
 import tensorflow as tf
 
-from ._resources import available_memory, environment
-from .plan import shuffle_kind
+from .._resources import available_memory, environment
+from ..plan import shuffle_kind
 
 #: Share of the device's free memory (of the memory available, on the CPU) a pipeline may upload by default.
 DEFAULT_BUDGET_SHARE = 0.8

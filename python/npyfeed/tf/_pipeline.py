@@ -1,6 +1,6 @@
 """The pipelines behind `npyfeed.tf.dataset`, one builder each: `host_pipeline` (the native feed's, or the
 fallback's) and `device_pipeline` (resident or streamed arrays). Imported by `npyfeed.tf` only (it imports
-TensorFlow); the feeds they call are in `_tf_feed`.
+TensorFlow); the feeds they call are in `_feed`.
 
 Every pipeline is native ``tf.data`` over positions, mapped through a gather of "batch b of epoch e"::
 
@@ -10,11 +10,11 @@ Every pipeline is native ``tf.data`` over positions, mapped through a gather of 
 The gather takes the batch from the plan (``WindowSource.plan``, ``Plan.take``: a C++ stream positioned at the
 next batch): the stream keeps the gathers of the next ``prefetch`` batches in flight by itself, as the numpy
 iterator does, so the thread pool never waits for TensorFlow's hand-off. So on the native path the pipeline has
-no ``prefetch`` of TensorFlow's and its map runs in the calling thread (`_tf_compat.map_in_caller`; the fallback
+no ``prefetch`` of TensorFlow's and its map runs in the calling thread (`_compat.map_in_caller`; the fallback
 keeps a parallel map of one call and a ``prefetch``): a step's ``next()`` takes a ready batch with no other thread
 woken (a ``prefetch`` and a parallel map each cost a thread hop per batch, and TensorFlow's idle inter-op workers
 spin; measured, 0.7-1 ms of CPU per batch on other threads, most of what an eager loop lost against the numpy
-iterator). The dataset's iterator (`_tf_compat.HostIterator`) also skips TensorFlow's per-step executor switch in
+iterator). The dataset's iterator (`_compat.HostIterator`) also skips TensorFlow's per-step executor switch in
 an eager loop, and in a graph takes the batch in the step's own thread (no hop to the iterator's background
 thread). A request for exactly the next batch is served from the stream; any other position (a restored
 checkpoint, a new epoch, a jump) starts a new stream there, so every batch is still a function of its position
@@ -23,7 +23,7 @@ alone (and calls from several TensorFlow threads would be correct, only slower).
 state is the positions (a few bytes), never batches, and a restored iterator gathers the same batches again.
 
 TensorFlow's private API: this module uses public ``tf.data`` only; the map in the calling thread and the dataset
-and iterator classes come from `_tf_compat`, which falls back to public API (the same batches, more slowly) where
+and iterator classes come from `_compat`, which falls back to public API (the same batches, more slowly) where
 a TensorFlow release lacks what they need. What npyfeed keeps for a dataset it returned (its plan, the feed's
 registration, the arrays on the device, where its passes start) is in a registry of its own (`pipeline_of`), not
 in attributes of TensorFlow's objects.
@@ -51,8 +51,9 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from . import _checks, _core, _tf_compat, _tf_feed
-from . import stats as _stats
+from .. import _checks, _core
+from .. import stats as _stats
+from . import _compat, _feed
 
 
 class _BatchSpec(NamedTuple):
@@ -76,8 +77,8 @@ def host_pipeline(src, plan, batch_size: int, drop_remainder: bool, epoch: int, 
     ``numpy_function`` (the fallback), and sent to `device` (if given) by ``prefetch_to_device``."""
     batches = plan._core
     spec = _BatchSpec.of(src, batch_size, drop_remainder)
-    feed, registration = _tf_feed.open_feed(batches, epoch, spec.dtype)
-    build = _host_native if isinstance(feed, _tf_feed.NativeFeed) else _host_fallback
+    feed, registration = _feed.open_feed(batches, epoch, spec.dtype)
+    build = _host_native if isinstance(feed, _feed.NativeFeed) else _host_fallback
     finish = build(feed, spec, device)
     passes = PassControl(feed, registration, epoch, len(batches), mid_epoch=True)
     return _assemble(_epoch_positions(feed, len(batches)), feed.start_pass, finish, epoch=epoch, steps=len(batches),
@@ -93,12 +94,12 @@ def _host_native(feed, spec: _BatchSpec, device: str | None):
         return spec.ensure(*feed.take(e, b))
 
     def finish(positions, cardinality):
-        ds = _tf_compat.map_in_caller(positions, load).apply(tf.data.experimental.assert_cardinality(cardinality))
+        ds = _compat.map_in_caller(positions, load).apply(tf.data.experimental.assert_cardinality(cardinality))
         options = _pipeline_options()
         # The stream reads ahead by itself: a prefetch that tf.data would inject is one more thread hop per batch
         # and holds batches for nothing.
         options.experimental_optimization.inject_prefetch = False
-        if not _tf_compat.map_is_synchronous():
+        if not _compat.map_is_synchronous():
             options.experimental_optimization.map_parallelization = False  # one take() at a time, in order
         return _prefetch_to(device, ds.with_options(options))
 
@@ -140,7 +141,7 @@ def device_pipeline(src, plan, batch_size: int, drop_remainder: bool, epoch: int
     on_device = DeviceGather(src, plan, host_rows, target, device_memory_budget)
     spec = _BatchSpec.of(src, batch_size, drop_remainder)
     # The feed counts the passes' epochs and hands out the start rows and groups (native ops: no Python per step).
-    feed, registration = _tf_feed.open_feed(batches, epoch, spec.dtype, on_device)
+    feed, registration = _feed.open_feed(batches, epoch, spec.dtype, on_device)
     if on_device.streams:
         per_epoch, finish = _device_streamed(feed, on_device, spec, batch_size, target)
     else:
@@ -241,7 +242,7 @@ def _assemble(per_epoch, start_pass, finish, *, epoch: int, steps: int, hold, on
     """The dataset a pipeline returns: each pass starts where `start_pass` says (the next epoch's first batch,
     unless `PassControl` moved it), its positions (`per_epoch`) turned into batches by `finish(positions,
     cardinality)`, made inside `host_scope`. Where its batches end on the host (`on_host`), a
-    `_tf_compat.HostDataset`, whose ``repeat()`` reads consecutive epochs from a native range (without TensorFlow's
+    `_compat.HostDataset`, whose ``repeat()`` reads consecutive epochs from a native range (without TensorFlow's
     private API: TensorFlow's dataset and ``repeat()``).
 
     A pass that starts at batch k of an epoch (Keras' step k, restored mid-epoch) has ``steps - k`` batches, and
@@ -256,11 +257,11 @@ def _assemble(per_epoch, start_pass, finish, *, epoch: int, steps: int, hold, on
         with host_scope():
             ds = finish(epochs.flat_map(per_epoch), cardinality)
         # Its epochs are the range's, not Keras': no passes to start.
-        return hold(_tf_compat.host_dataset(ds) if on_host else ds, passes=None)
+        return hold(_compat.host_dataset(ds) if on_host else ds, passes=None)
 
     with host_scope():
         ds = finish(tf.data.Dataset.range(1).map(start_pass).flat_map(per_epoch), steps)
-    return hold(_tf_compat.host_dataset(ds, repeat) if on_host else ds)
+    return hold(_compat.host_dataset(ds, repeat) if on_host else ds)
 
 
 def _pipeline_options() -> tf.data.Options:
