@@ -22,6 +22,25 @@ NpyFormatError shrunk_mapping_error(const std::string& path, std::uint64_t offse
                             "replace files by renaming a new one over them instead)");
 }
 
+std::uint64_t page_size() noexcept {
+  static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+Populated populate_read(const std::byte* addr, std::uint64_t length) noexcept {
+  if (::madvise(const_cast<std::byte*>(addr), length, MADV_POPULATE_READ) == 0) return Populated::kDone;
+  switch (errno) {
+    case EINVAL:
+      return Populated::kUnsupported;
+    case EFAULT:
+      return Populated::kShrunk;
+    case EIO:
+      return Populated::kIoError;
+    default:
+      return Populated::kFailed;
+  }
+}
+
 std::shared_ptr<MappedFile> MappedFile::map(const File& file) {
   if (file.size() == 0) return std::shared_ptr<MappedFile>(new MappedFile(nullptr, 0));
   void* p = ::mmap(nullptr, file.size(), PROT_READ, MAP_SHARED, file.fd(), 0);
@@ -43,13 +62,15 @@ MappedFile::~MappedFile() {
 
 void MappedFile::populate(std::uint64_t offset, std::uint64_t length) const {
   if (length == 0 || data_ == nullptr) return;
-  static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  std::uint64_t start = offset / page * page;
-  std::uint64_t end = offset + length;
-  if (::madvise(const_cast<std::byte*>(data_) + start, end - start, MADV_POPULATE_READ) == 0) return;
-  // A page that cannot be read (EFAULT): the file shrank after it was mapped (or the device failed).
-  if (errno == EFAULT) throw shrunk_mapping_error("", offset, length);
-  // Older kernels (EINVAL): touch one byte per page, guarded (a lost page raises SIGBUS; see fault_guard.hpp).
+  const std::uint64_t page = page_size();
+  const std::uint64_t start = offset / page * page;
+  const std::uint64_t end = offset + length;
+  const Populated populated = populate_read(data_ + start, end - start);
+  if (populated == Populated::kDone) return;
+  // A page that cannot be read: the file shrank after it was mapped.
+  if (populated == Populated::kShrunk) throw shrunk_mapping_error("", offset, length);
+  // Older kernels (or any other refusal): touch one byte per page, guarded (a lost page raises SIGBUS, a device
+  // error too; see fault_guard.hpp).
   const std::byte* data = data_;
   auto touch = [&] {
     volatile std::byte sink{};
@@ -61,14 +82,14 @@ void MappedFile::populate(std::uint64_t offset, std::uint64_t length) const {
 
 void MappedFile::will_need(std::uint64_t offset, std::uint64_t length) const {
   if (length == 0 || data_ == nullptr) return;
-  static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  std::uint64_t start = offset / page * page;
+  const std::uint64_t page = page_size();
+  const std::uint64_t start = offset / page * page;
   ::madvise(const_cast<std::byte*>(data_) + start, offset + length - start, MADV_WILLNEED);  // advisory only
 }
 
 std::uint64_t MappedFile::populate_cached(std::uint64_t offset, std::uint64_t length) const noexcept {
   if (data_ == nullptr || offset >= size_) return 0;
-  static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t page = page_size();
   // mincore in steps of this many pages: its vector stays small, and a step's look is fresh when mapped.
   constexpr std::uint64_t kStepPages = 512;
   const std::uint64_t begin = offset / page;
@@ -86,9 +107,9 @@ std::uint64_t MappedFile::populate_cached(std::uint64_t offset, std::uint64_t le
       }
       std::uint64_t j = i + 1;
       while (j < pages && (resident[j] & 1) != 0) ++j;
-      // EINVAL: no MADV_POPULATE_READ (touching the pages here would only move the faults); EFAULT: the file
-      // shrank (the gather's guarded read reports it); ENOMEM: the mapping went away. Stop on any of them.
-      if (::madvise(at + i * page, (j - i) * page, MADV_POPULATE_READ) != 0) return mapped;
+      // Unsupported (touching the pages here would only move the faults), shrunk (the gather's guarded read
+      // reports it), failed (the mapping went away): stop on any of them.
+      if (populate_read(at + i * page, (j - i) * page) != Populated::kDone) return mapped;
       mapped += (j - i) * page;
       i = j;
     }

@@ -15,6 +15,23 @@ namespace npyfeed {
 /// file shrank after it was mapped (truncated in place while in use), or the device failed.
 NpyFormatError shrunk_mapping_error(const std::string& path, std::uint64_t offset, std::uint64_t length);
 
+/// The size of a page of memory (sysconf, asked once).
+std::uint64_t page_size() noexcept;
+
+/// What the kernel said to populate_read.
+enum class Populated {
+  kDone,         ///< every page of the range is in the page cache and mapped
+  kUnsupported,  ///< EINVAL: no MADV_POPULATE_READ (Linux < 5.14)
+  kShrunk,       ///< EFAULT: a page past the end of the file (it shrank after it was mapped)
+  kIoError,      ///< EIO: the device could not read a page
+  kFailed,       ///< anything else (ENOMEM: the mapping went away, EINTR, ...)
+};
+
+/// Faults the pages of [addr, addr + length) of a shared file mapping into the page cache and this process's
+/// page tables with one MADV_POPULATE_READ (`addr` page-aligned): the one place the core asks for it. It never
+/// touches the memory itself, so it raises no SIGBUS; what to do with each answer is the caller's policy.
+Populated populate_read(const std::byte* addr, std::uint64_t length) noexcept;
+
 class MappedFile {
  public:
   /// Maps all of `file` (which may be closed afterwards). Throws OsError.

@@ -9,19 +9,11 @@
 #include "npyfeed/common/aligned_buffer.hpp"
 #include "npyfeed/common/errors.hpp"
 #include "npyfeed/io/file.hpp"
-
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
+#include "npyfeed/io/mapped_file.hpp"
 
 namespace npyfeed {
 
 namespace {
-
-std::uint64_t page_size() {
-  static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  return page;
-}
 
 // mincore works on a mapping: map the range in windows of at most 1 GiB (the residency vector of one window is
 // 256 KiB with 4 KiB pages) and count the resident pages, clipped to [offset, end).
@@ -56,20 +48,19 @@ std::uint64_t resident_bytes(int fd, const std::string& path, std::uint64_t file
 }
 
 std::uint64_t read_into_page_cache(const File& file, std::uint64_t offset, std::uint64_t length) {
-  // Fault the range in through a mapping (MADV_POPULATE_READ, Linux >= 5.14): the kernel reads into the page
-  // cache and nothing is copied to user space. EFAULT: the file shrank meanwhile (no SIGBUS, unlike touching).
+  // Fault the range in through a mapping (populate_read): the kernel reads into the page cache and nothing is
+  // copied to user space. Shrunk: the file shrank meanwhile (no SIGBUS, unlike touching).
   const std::uint64_t page = page_size();
   const std::uint64_t start = offset / page * page;
   const std::uint64_t span = offset + length - start;
   void* p = ::mmap(nullptr, span, PROT_READ, MAP_SHARED, file.fd(), static_cast<off_t>(start));
   if (p == MAP_FAILED) throw OsError(errno, file.path(), "cannot map");
-  const int rc = ::madvise(p, span, MADV_POPULATE_READ);
-  const int error = errno;
+  const Populated populated = populate_read(static_cast<const std::byte*>(p), span);
   ::munmap(p, span);
-  if (rc == 0) return length;
-  if (error == EFAULT) return 0;
-  if (error == EIO) throw OsError(error, file.path(), "cannot read");
-  // Older kernels (EINVAL): read through the cache into a buffer that is thrown away.
+  if (populated == Populated::kDone) return length;
+  if (populated == Populated::kShrunk) return 0;
+  if (populated == Populated::kIoError) throw OsError(EIO, file.path(), "cannot read");
+  // Older kernels (or any other refusal): read through the cache into a buffer that is thrown away.
   AlignedBuffer scratch(static_cast<std::size_t>(std::min<std::uint64_t>(length, std::uint64_t{1} << 20)));
   std::uint64_t done = 0;
   while (done < length) {
