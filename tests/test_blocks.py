@@ -16,7 +16,6 @@ import sys
 import npyfeed
 import numpy as np
 import pytest
-from npyfeed import windows
 
 WINDOW = 5
 KEYS = 12
@@ -335,26 +334,38 @@ def test_bad_arguments(data):
 
 
 def test_global_shuffle_over_more_than_memory_warns_once(data, monkeypatch, caplog):
+    from npyfeed import _source_warnings
+
+    def warnings():
+        return [r.getMessage() for r in caplog.records if "shuffle=\"blocks\"" in r.getMessage()]
+
     src = data.open()
-    monkeypatch.setattr(windows, "available_memory", lambda: 1000)
+    monkeypatch.setattr(_source_warnings, "available_memory", lambda: 1000)
     with caplog.at_level(logging.WARNING, logger="npyfeed"):
         src.batches(4, shuffle=True).close()
         src.batches(4, shuffle=True).close()
         src.batches(4, shuffle="blocks").close()
         src.batches(4).close()
-    messages = [r.getMessage() for r in caplog.records if "shuffle=\"blocks\"" in r.getMessage()]
-    assert len(messages) == 1
+    assert len(warnings()) == 1
+    # Whatever reads the plan (take, npyfeed.tf, the adapters): warned when the plan is made.
+    caplog.clear()
+    other = data.open()
+    with caplog.at_level(logging.WARNING, logger="npyfeed"):
+        other.plan(4, shuffle="blocks")
+        assert not warnings()
+        other.plan(4, shuffle=True).take(0, 0)
+    assert len(warnings()) == 1
     # Enough memory: no warning.
     caplog.clear()
     other = data.open()
-    monkeypatch.setattr(windows, "available_memory", lambda: 1 << 50)
+    monkeypatch.setattr(_source_warnings, "available_memory", lambda: 1 << 50)
     with caplog.at_level(logging.WARNING, logger="npyfeed"):
         other.batches(4, shuffle=True).close()
     assert not caplog.records
 
 
 def test_available_memory_is_positive():
-    avail = windows.available_memory()
+    avail = npyfeed._resources.available_memory()
     assert avail is None or avail > 0
 
 

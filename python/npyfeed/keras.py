@@ -27,6 +27,7 @@ import operator
 import warnings
 
 from . import _checks
+from . import stats as _stats
 from ._epochs import EpochCursor, KerasEpochCallback
 from .plan import DEFAULT_MEMORY_BUDGET
 from .stats import EpochStatsCallback
@@ -122,15 +123,13 @@ class PyDataset(keras.utils.PyDataset):
                               shard_by=shard_by, drop_remainder=drop_remainder, memory_budget=memory_budget,
                               prefetch=prefetch)
         self._cursor = EpochCursor(len(self._plan), epoch)
+        _stats.register(self, self._plan)
         self._first_epoch = self._cursor.epoch
         self._warned = False
 
     def stats(self) -> dict:
         """Live statistics of this dataset's plan (`npyfeed.Plan.stats`)."""
         return self._plan.stats()
-
-    def _stats_core(self):
-        return self._plan._stats_core()
 
     @property
     def plan(self):

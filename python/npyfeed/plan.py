@@ -42,6 +42,7 @@ class Plan:
                  drop_remainder: bool, memory_budget: int | None, prefetch: int, shard_by: str = "samples"):
         self._source = source
         self._core = core
+        _stats.register(self, core.stats)
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
@@ -83,7 +84,11 @@ class Plan:
 
         Raises ``IndexError`` unless ``0 <= batch < len(self)``; a failed read or gather raises as the gather does.
         """
-        return self._core.take(_checks.epoch(epoch), self._batch(batch))
+        batch = self._batch(batch)
+        taken = self._core.take(_checks.epoch(epoch), batch)
+        if batch == len(self) - 1:  # an epoch's last batch: a new O_DIRECT refusal warns, as at an iterator's end
+            self._source._warnings.direct_fallback(self._source)
+        return taken
 
     def order(self, epoch: int) -> np.ndarray:
         """All sample ids of epoch `epoch` in batch order (`WindowSource.epoch_order` gives the same)."""
@@ -113,8 +118,6 @@ class Plan:
                                                                                    "pin_memory_device")
         elif pin_memory_device is not None:
             raise ValueError("pin_memory_device is for pin_memory=True")
-        if self.shuffle is True:
-            self._source._warn_larger_than_memory()
         stream = self._core.stream(epoch, start_batch, prefetch, pin_device)
         return BatchIterator(self._source, stream, total - start_batch, self._core.stats)
 
@@ -123,9 +126,6 @@ class Plan:
         it against the CPU time the gathers took, read-ahead, blocks read (a dict of `npyfeed.stats.FIELDS`;
         also counted into `WindowSource.stats`)."""
         return _stats.as_dict(self._core.stats.counts())
-
-    def _stats_core(self):
-        return self._core.stats
 
     def close(self) -> None:
         """Cancel `take`'s read-ahead and wait for its gathers (GIL released). Idempotent; `take` still works."""
@@ -148,14 +148,12 @@ class BatchIterator(Iterator):
         self._stream = stream
         self._remaining = remaining
         self._stats = stats  # the plan's
+        _stats.register(self, stats)
 
     def stats(self) -> dict:
         """Live statistics of the plan this iterator reads (`Plan.stats`): its batches and every other
         iterator's or `take`'s of the same plan."""
         return _stats.as_dict(self._stats.counts())
-
-    def _stats_core(self):
-        return self._stats
 
     def __iter__(self):
         return self
@@ -167,7 +165,7 @@ class BatchIterator(Iterator):
             batch = self._stream.__next__()
         except StopIteration:
             self.close()
-            self._source._warn_direct_fallback()
+            self._source._warnings.direct_fallback(self._source)
             raise
         self._remaining -= 1
         return batch

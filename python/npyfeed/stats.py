@@ -208,14 +208,17 @@ class StatsLogger:
         return as_dict(difference(now, before))
 
 
-#: Objects of other libraries (a dataset of `npyfeed.tf.dataset`) and the core ``PipelineStats`` of their plan,
-#: for as long as each object lives: npyfeed sets no attribute on them.
+#: Every object that has npyfeed statistics (a `WindowSource`, `Plan`, `BatchIterator`, an adapter, a dataset of
+#: `npyfeed.tf.dataset`) and the core ``PipelineStats`` it reports, for as long as the object lives: the one way
+#: statistics are found (npyfeed sets no attribute on another library's objects).
 _registered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def register(obj, core_stats) -> None:
-    """Makes `core_stats` (a plan's core ``PipelineStats``) the statistics of `obj`, an object of another library
-    (a ``tf.data`` dataset), while `obj` lives (`raw_counts_of`)."""
+    """Makes `core_stats` (a core ``PipelineStats``, or the object of npyfeed's whose statistics `obj` reports) the
+    statistics of `obj` while `obj` lives (`raw_counts_of`). Each object with a ``stats()`` registers itself."""
+    if not hasattr(core_stats, "counts"):
+        core_stats = _registered[core_stats]
     _registered[obj] = core_stats
 
 
@@ -231,11 +234,7 @@ def raw_counts_of(obj):
     `npyfeed.tf.dataset` (`register`), an adapter with a ``stats()`` method backed by a plan, or a core
     ``PipelineStats``."""
     core = _registered_stats(obj)
-    if core is None:
-        core = getattr(obj, "_stats_core", None)
-    if callable(core):
-        core = core()
-    elif core is None and hasattr(obj, "counts"):
+    if core is None and hasattr(obj, "counts"):
         core = obj
     if core is None:
         raise ArgumentTypeError(f"cannot find npyfeed statistics in {type(obj).__name__}: pass a WindowSource, a "

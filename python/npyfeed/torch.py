@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import sys
 
+from . import stats as _stats
 from ._epochs import EpochCursor
 from .plan import DEFAULT_MEMORY_BUDGET
 
@@ -151,14 +152,12 @@ class WindowDataset(IterableDataset):
                               shard_by=shard_by, drop_remainder=drop_remainder, memory_budget=memory_budget,
                               prefetch=prefetch)
         self._cursor = EpochCursor(len(self._plan), epoch)
+        _stats.register(self, self._plan)
         self._device = _cuda_device(device)
 
     def stats(self) -> dict:
         """Live statistics of this dataset's plan (`npyfeed.Plan.stats`)."""
         return self._plan.stats()
-
-    def _stats_core(self):
-        return self._plan._stats_core()
 
     @property
     def plan(self):

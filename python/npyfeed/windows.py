@@ -8,14 +8,14 @@ contiguous, 64-byte-aligned buffer per batch.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 
 import numpy as np
 
 from . import _checks, _core
 from . import stats as _stats
-from ._resources import MAX_HEADER_SIZE, available_memory, default_npz_memory_limit, resolve_placement, thread_choice
+from ._resources import MAX_HEADER_SIZE, default_npz_memory_limit, resolve_placement, thread_choice
+from ._source_warnings import SourceWarnings
 from ._transform import transform_spec
 from ._window_inputs import (
     BOUNDS,
@@ -203,7 +203,7 @@ class WindowSource:
             log.warning("npyfeed: %d of %d keys have no factor or label file and are left out (missing='skip'), "
                         "with their %d samples: %s%s", len(names), len(keys), core.missing_samples,
                         ", ".join(repr(k) for k in names[:5]), ", ..." if len(names) > 5 else "")
-        self._warn_direct_fallback()
+        self._warnings.direct_fallback(self)
 
     @classmethod
     def dense(cls, factor_dir, label_dir, window: int, *, stride: int = 1, horizon: int = 0, keys=None,
@@ -322,12 +322,12 @@ class WindowSource:
 
     def _init(self, core, index, window, dtype, mode, threads, bounds):
         self._core = core
+        _stats.register(self, core.stats)
         self._index = index
         self._files = ()
         self._index_cache = None
         self._index_built = False  # this open compiled the index files (for tests)
-        self._warned_fallbacks = 0
-        self._warned_memory = False
+        self._warnings = SourceWarnings()
         self._samples_by_key = None  # shuffle="blocks": the samples grouped by key, made by the first such plan
         self._arrays = None  # from_arrays: (factor arrays, label arrays) in key order
         self._member = None
@@ -349,9 +349,6 @@ class WindowSource:
         read-ahead, blocks read, bytes uploaded to a device. Always counted; reading them costs microseconds.
         `npyfeed.stats.summary` says in one line whether the consumers were input-bound."""
         return _stats.as_dict(self._core.stats.counts())
-
-    def _stats_core(self):
-        return self._core.stats
 
     @property
     def direct_fallback(self) -> tuple:
@@ -375,30 +372,6 @@ class WindowSource:
         """([factor shape], [label shape]) of `keys` (key numbers, in `keys` order)."""
         shapes = self._core.key_shapes()
         return [shapes[k][0] for k in keys], [shapes[k][1] for k in keys]
-
-    def _warn_direct_fallback(self) -> None:
-        if self.mode != "direct":
-            return
-        fell = self._core.direct_fallbacks
-        if len(fell) > self._warned_fallbacks:
-            self._warned_fallbacks = len(fell)
-            log.warning("npyfeed: O_DIRECT refused for %s (%d of %d files); WindowSource(mode='direct') reads them "
-                        "with buffered reads", fell[0], len(fell), len(self._files))
-
-    def _warn_larger_than_memory(self) -> None:
-        # Once per source: a global shuffle over files that do not fit in memory reads at random from disk.
-        if self._warned_memory or not self._files:
-            return
-        self._warned_memory = True
-        try:
-            data = sum(os.stat(p).st_size for p in self._files)
-        except OSError:
-            return
-        available = available_memory()
-        if available is not None and data > available:
-            log.warning("npyfeed: shuffle=True over %.1f GB of files with %.1f GB of memory available: each sample "
-                        "is then a random read from disk; shuffle=\"blocks\" reads every file once per epoch, "
-                        "in sequence (docs/blocks.md)", data / 1e9, available / 1e9)
 
     @property
     def files(self) -> tuple:
@@ -570,6 +543,8 @@ class WindowSource:
                           memory_budget or 0, prefetch, self._samples_by_key, shard_by)
         if core.samples_by_key is not None:
             self._samples_by_key = core.samples_by_key  # grouped once per source, shared by its plans
+        if kind == "global":
+            self._warnings.larger_than_memory(self)  # whatever will read the plan
         return Plan(self, core, batch_size=batch_size, shuffle="blocks" if kind == "blocks" else kind == "global",
                     seed=seed, num_shards=num_shards, shard_index=shard_index, drop_remainder=bool(drop_remainder),
                     memory_budget=memory_budget, prefetch=prefetch, shard_by=shard_by)
