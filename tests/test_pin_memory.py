@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import npyfeed
 import numpy as np
 import pytest
 from windows_data import THREADS, open_source, reference
@@ -162,3 +163,16 @@ def test_tf_dataset_pin_memory_adopts_pinned_buffers(small, runtime):
     runtime.fake_fail_set_device(0)
     assert [nftf._gpu_index(d) for d in (None, "/gpu:1", "/job:localhost/device:GPU:2", "/cpu:0")] == [0, 1, 2, 0]
     assert tf.executing_eagerly()
+
+
+def test_the_gpu_memory_probe_opens_the_runtime_pin_memory_found(runtime, fake_runtime, monkeypatch):
+    """One lookup of the CUDA runtime: npyfeed.tf's probe of a GPU's free memory opens the library the core found
+    for pin_memory (NPYFEED_CUDA_RUNTIME here), and none where the core finds none."""
+    path, _ = fake_runtime
+    assert npyfeed._core.cuda_runtime_library() == path
+    pytest.importorskip("tensorflow")
+    from npyfeed.tf import _device
+
+    assert _device._cudart()._name == path
+    monkeypatch.setenv("NPYFEED_CUDA_RUNTIME", "/nonexistent/libcudart.so.99")
+    assert npyfeed._core.cuda_runtime_library() is None and _device._cudart() is None

@@ -11,7 +11,9 @@
 #include "bind.hpp"
 #include "convert.hpp"
 #include "gil.hpp"
+#include "npyfeed/common/errors.hpp"
 #include "npyfeed/device/device_rows.hpp"
+#include "npyfeed/device/page_lock.hpp"
 
 namespace npyfeed::bindings {
 
@@ -52,6 +54,17 @@ py::tuple wrap_start_rows(const StartRows& r) {
 }  // namespace
 
 void bind_device(py::module_& m) {
+  m.def(
+      "cuda_runtime_library",
+      []() -> py::object {
+        try {
+          return py::str(without_gil([] { return find_cuda_runtime("").library; }));
+        } catch (const Error&) {
+          return py::none();
+        }
+      },
+      "The CUDA runtime library that pin_memory uses (find_cuda_runtime: NPYFEED_CUDA_RUNTIME, else one already "
+      "loaded, else one that loads), as dlopen names it; None when there is none.");
   py::class_<DeviceRows, std::shared_ptr<DeviceRows>>(m, "DeviceRows")
       .def(py::init([](std::shared_ptr<EpochPlan> plan, const std::string& storage) {
              const StorageType type = parse_storage_type(storage);

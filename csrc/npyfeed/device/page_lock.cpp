@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <optional>
 #include <utility>
 
 #include "npyfeed/common/errors.hpp"
@@ -77,32 +78,37 @@ PageLocker::PageLocker(CudaHostApi api, int device, std::string library)
   CurrentDevice probe(api_, device_);
 }
 
-std::shared_ptr<const PageLocker> PageLocker::open(const std::string& library, int device) {
+CudaRuntime find_cuda_runtime(const std::string& library) {
   // A library that loads but lacks the functions is not a CUDA runtime: passed over, like one that is not there.
-  auto attempt = [&](const std::string& name, int flags) -> std::shared_ptr<const PageLocker> {
+  auto attempt = [](const std::string& name, int flags) -> std::optional<CudaRuntime> {
     void* handle = ::dlopen(name.c_str(), flags);
     CudaHostApi api;
-    if (!handle || !resolve(handle, api)) return nullptr;
-    return std::make_shared<const PageLocker>(api, device, name);
+    if (!handle || !resolve(handle, api)) return std::nullopt;
+    return CudaRuntime{api, name};
   };
   const std::string named = !library.empty() ? library : settings::cuda_runtime().value_or("");
   if (!named.empty()) {
-    if (auto locker = attempt(named, RTLD_NOW | RTLD_LOCAL)) return locker;
+    if (auto runtime = attempt(named, RTLD_NOW | RTLD_LOCAL)) return *runtime;
     throw Error("npyfeed: pin_memory: " + named + " is not a CUDA runtime that can be loaded (no such library, or no " +
                 "cudaHostRegister in it)");
   }
   for (const char* name : kRuntimeNames) {  // one the process has loaded already: the framework's own
-    if (auto locker = attempt(name, RTLD_NOW | RTLD_NOLOAD)) return locker;
+    if (auto runtime = attempt(name, RTLD_NOW | RTLD_NOLOAD)) return *runtime;
   }
   std::string tried;
   for (const char* name : kRuntimeNames) {
-    if (auto locker = attempt(name, RTLD_NOW | RTLD_LOCAL)) return locker;
+    if (auto runtime = attempt(name, RTLD_NOW | RTLD_LOCAL)) return *runtime;
     tried += (tried.empty() ? "" : ", ") + std::string(name);
   }
   throw Error(
       "npyfeed: pin_memory needs the CUDA runtime (libcudart), loaded by PyTorch, TensorFlow or CuPy or "
       "findable by the dynamic loader, and none was found (tried " +
       tried + "); set NPYFEED_CUDA_RUNTIME to its path, or leave pin_memory off");
+}
+
+std::shared_ptr<const PageLocker> PageLocker::open(const std::string& library, int device) {
+  CudaRuntime runtime = find_cuda_runtime(library);
+  return std::make_shared<const PageLocker>(runtime.api, device, std::move(runtime.library));
 }
 
 void PageLocker::lock(void* data, std::size_t size) const {

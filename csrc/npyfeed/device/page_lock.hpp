@@ -23,16 +23,27 @@ struct CudaHostApi {
   const char* (*error_string)(int error) = nullptr;  // may stay null
 };
 
+/// The CUDA runtime found for this process: its functions and the name it was loaded by.
+struct CudaRuntime {
+  CudaHostApi api;
+  std::string library;
+};
+
+/// The CUDA runtime library, looked up here and nowhere else (the Python package opens the library this names,
+/// for cudaMemGetInfo): `library` when not empty (a path or a file name, as dlopen takes it), else the
+/// environment's NPYFEED_CUDA_RUNTIME when set, else the first of libcudart.so.13, .12, .11.0 and libcudart.so
+/// that is already loaded (by PyTorch, TensorFlow, CuPy), else the first that loads. Throws Error naming what was
+/// tried when none has the functions. The library is never closed: buffers registered through it may outlive
+/// anything that could close it.
+CudaRuntime find_cuda_runtime(const std::string& library);
+
 /// Registers host buffers with the CUDA runtime as page-locked for one device. Thread-safe.
 class PageLocker {
  public:
   /// Over `api` (every function but error_string set), for CUDA device `device` (its ordinal; -1: the
   /// calling thread's current device, asked now); `library` names where the functions came from, for messages.
   PageLocker(CudaHostApi api, int device, std::string library);
-  /// The CUDA runtime library loaded in this process: `library` when not empty (a path or a file name, as
-  /// dlopen takes it), else the environment's NPYFEED_CUDA_RUNTIME when set, else the first of
-  /// libcudart.so.13, .12, .11.0 and libcudart.so that is already loaded (by PyTorch, TensorFlow, CuPy), else
-  /// the first that loads. Throws Error naming what was tried when none has the functions.
+  /// A locker over find_cuda_runtime(library) for `device`. Throws Error as it does.
   static std::shared_ptr<const PageLocker> open(const std::string& library, int device);
 
   /// Page-locks [data, data + size) for every CUDA context (cudaHostRegisterPortable), with this locker's

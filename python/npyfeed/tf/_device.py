@@ -18,6 +18,7 @@ import ctypes
 import numpy as np
 import tensorflow as tf
 
+from .. import _core
 from .._resources import available_memory, environment
 from ..plan import shuffle_kind
 
@@ -109,12 +110,12 @@ def _tensorflow_allocator(logical_index: int):
 
 
 def _cudart():
-    for name in ("libcudart.so", "libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0"):
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None
+    """The CUDA runtime the core found for pin_memory (one lookup: ``_core.cuda_runtime_library``), or None."""
+    name = _core.cuda_runtime_library()
+    try:
+        return None if name is None else ctypes.CDLL(name)
+    except OSError:
+        return None
 
 
 def _cuda_memory(ordinal: int):
