@@ -151,7 +151,7 @@ def main(argv=None) -> int:
             if name == "streamed":  # the start rows, and what a whole epoch uploads over its steps
                 on_device = npyfeed.tf._pipeline.pipeline_of(ds).device
                 assert on_device.streams, "the streamed feed must be over its device budget"
-                h2d_bytes["streamed"] = on_device.host_bytes_per_step + on_device.host_rows.streamed_epoch_bytes(r) / per_epoch
+                h2d_bytes["streamed"] = on_device.host_bytes_per_step + npyfeed._core.testing.streamed_epoch_bytes(on_device.host_rows, r) / per_epoch
             del it, ds
         return best
 

@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     payload["runs"]["npyfeed"] = {"results": results, "summary": summary}
     if args.users:
         needed = args.procs * data_bytes * 1.1
-        from npyfeed.windows import available_memory  # MemAvailable, or a cgroup's limit where lower
+        from npyfeed._resources import available_memory  # MemAvailable, or a cgroup's limit where lower
 
         available = available_memory() or 0
         if needed > 0.7 * available:

@@ -259,7 +259,7 @@ def _ratio(results: dict, name: str) -> float | None:
 
 
 def _available() -> int:
-    from npyfeed.windows import available_memory
+    from npyfeed._resources import available_memory
 
     return available_memory() or 1
 

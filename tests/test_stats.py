@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import windows_data
+from npyfeed import _core
 from npyfeed import stats as nfs
 
 KINDS = [False, True, "blocks"]
@@ -66,7 +67,7 @@ def test_take_and_iterators_of_one_plan_add_up_and_plans_add_up_in_the_source(or
 def test_a_blocks_epoch_reads_each_block_and_each_file_once(ordered, mode):
     src = _open(ordered, mode)
     plan = src.plan(BATCH, shuffle="blocks", seed=2, memory_budget=1000)
-    blocks = plan._core.shard_blocks(0)
+    blocks = _core.testing.shard_blocks(plan._core, 0)
     assert len(blocks) > 2
     list(plan.batches(0))
     got = plan.stats()
@@ -148,7 +149,7 @@ def test_a_consumer_waiting_for_a_block_read_is_counted(heavy):
     plan = src.plan(64, shuffle="blocks", seed=0, memory_budget=4 << 20)  # a key (1.5 MB) per block
     list(plan.batches(0))
     got = plan.stats()
-    assert got["blocks_read"] == len(plan._core.shard_blocks(0)) == 6
+    assert got["blocks_read"] == len(_core.testing.shard_blocks(plan._core, 0)) == 6
     # The first block's read starts when the first batch is asked for: several MB take longer than the asking.
     assert got["block_waits"] >= 1, got
     assert "blocks read, waited for" in nfs.summary(got)

@@ -17,5 +17,7 @@ void bind_device(pybind11::module_& m);
 void bind_tf_feed(pybind11::module_& m);
 /// What the build holds and what it uses on this machine (build_info.cpp).
 void bind_build_info(pybind11::module_& m);
+/// _core.testing, the one hook for what only tests and benchmarks ask (testing.cpp).
+void bind_testing(pybind11::module_& m);
 
 }  // namespace npyfeed::bindings

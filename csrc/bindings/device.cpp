@@ -110,12 +110,6 @@ void bind_device(py::module_& m) {
           },
           py::arg("epoch"))
       .def(
-          "streamed_epoch_bytes",
-          [](const DeviceRows& d, std::uint64_t epoch) {
-            return without_gil([&] { return d.streamed_epoch_bytes(epoch); });
-          },
-          py::arg("epoch"))
-      .def(
           "group",
           [](const DeviceRows& d, std::uint64_t epoch, std::size_t index) {
             GroupUpload g = without_gil([&] { return d.group(epoch, index); });

@@ -57,4 +57,5 @@ PYBIND11_MODULE(_core, m) {
   bind_device(m);
   bind_tf_feed(m);
   bind_build_info(m);
+  bind_testing(m);
 }

@@ -103,8 +103,7 @@ void bind_plans(py::module_& m) {
              return d;
            })
       .def("served", &PipelineStats::served, py::arg("samples"), py::arg("bytes"), py::arg("gather_ns"),
-           py::arg("ready_ahead"))
-      .def("uploaded", &PipelineStats::uploaded, py::arg("bytes"));
+           py::arg("ready_ahead"));
 
   py::class_<PyStream>(m, "BatchStream")
       .def("__next__", &PyStream::next)
@@ -147,16 +146,6 @@ void bind_plans(py::module_& m) {
            [](const EpochPlan& p, std::uint64_t epoch, std::size_t batch) {
              std::vector<std::int64_t> ids = without_gil([&] { return p.ids(epoch, batch); });
              return py::array_t<std::int64_t>(static_cast<py::ssize_t>(ids.size()), ids.data());
-           })
-      .def("shard_blocks",
-           [](const EpochPlan& p, std::uint64_t epoch) {
-             std::vector<ShardBlock> blocks = without_gil([&] { return p.shard_blocks(epoch); });
-             py::list out;
-             for (const ShardBlock& b : blocks) {
-               out.append(py::make_tuple(
-                   b.begin, b.end, py::array_t<std::uint32_t>(static_cast<py::ssize_t>(b.keys.size()), b.keys.data())));
-             }
-             return out;
            })
       .def("order",
            [](const EpochPlan& p, std::uint64_t epoch) {

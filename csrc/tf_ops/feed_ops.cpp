@@ -5,7 +5,6 @@
 //
 //   NpyfeedTake(feed, epoch, batch) -> x, y      batch b of epoch e; the tensors adopt npyfeed's aligned
 //                                                buffers (no copy), given back when TensorFlow lets go
-//   NpyfeedIds(feed, epoch, batch) -> ids        the sample ids of that batch, int64 [B]
 //   NpyfeedNextPass(feed, pass) -> epoch, batch  where a new pass starts: its epoch and first batch (`pass` is
 //                                                the pass's dataset element: an input that keeps the call
 //                                                from being folded)
@@ -142,32 +141,10 @@ void compute_take(void* k, TF_OpKernelContext* ctx) {
   set_adopted_output(ctx, 1, dtype, b.y_dims, b.y_rank, b.y, b.y_bytes, y_owner);
 }
 
-// ---- NpyfeedIds: copied into TensorFlow's own output (a few bytes per sample)
+// ---- NpyfeedNextPass, NpyfeedSeenEpoch
 
 void* create_plain(TF_OpKernelConstruction*) { return nullptr; }
 void delete_plain(void*) {}
-
-void compute_ids(void*, TF_OpKernelContext* ctx) {
-  int64_t in[3];
-  const NpyfeedTfFeedApi* api = begin_call(ctx, 3, in, "epoch and batch");
-  if (api == nullptr) return;
-  const int64_t* ids = nullptr;
-  size_t count = 0;
-  void* owner = nullptr;
-  if (int code = api->ids(in[0], static_cast<uint64_t>(in[1]), static_cast<uint64_t>(in[2]), &ids, &count, &owner);
-      code != 0) {
-    return fail(ctx, code, api->last_error());
-  }
-  Status status;
-  const int64_t dims[1] = {static_cast<int64_t>(count)};
-  TF_Tensor* t = TF_AllocateOutput(ctx, 0, TF_INT64, dims, 1, count * sizeof(int64_t), status.get());
-  if (status.ok() && count > 0) std::memcpy(TF_TensorData(t), ids, count * sizeof(int64_t));
-  if (t != nullptr) TF_DeleteTensor(t);
-  api->release(owner);
-  if (!status.ok()) TF_OpKernelContext_Failure(ctx, status.get());
-}
-
-// ---- NpyfeedNextPass, NpyfeedSeenEpoch
 
 bool set_scalar_output(TF_OpKernelContext* ctx, int64_t value, int index = 0) {
   Status status;
@@ -300,13 +277,6 @@ const OpSpec kOps[] = {
      create_take,
      compute_take,
      delete_take},
-    {"NpyfeedIds",
-     {"feed: int64", "epoch: int64", "batch: int64"},
-     {"ids: int64", nullptr},
-     nullptr,
-     create_plain,
-     compute_ids,
-     delete_plain},
     {"NpyfeedNextPass",
      {"feed: int64", "pass: int64", nullptr},
      {"epoch: int64", "batch: int64"},

@@ -116,16 +116,6 @@ extern "C" int abi_take(int64_t id, uint64_t epoch, uint64_t batch, NpyfeedTfBat
   });
 }
 
-extern "C" int abi_ids(int64_t id, uint64_t epoch, uint64_t batch, const int64_t** data, size_t* count, void** owner) {
-  return with_feed(id, [&](TfFeed& feed) {
-    auto ids = std::make_shared<const std::vector<std::int64_t>>(feed.ids(epoch, batch));
-    *data = ids->data();
-    *count = ids->size();
-    *owner = own(std::move(ids));
-    return static_cast<int>(kOk);
-  });
-}
-
 extern "C" int abi_next_pass(int64_t id, int64_t* epoch, int64_t* batch) {
   return with_feed(id, [&](TfFeed& feed) {
     const TfFeed::Pass pass = feed.next_pass();
@@ -199,7 +189,6 @@ const NpyfeedTfFeedApi kApi = {
     NPYFEED_TF_FEED_ABI_VERSION,
     sizeof(NpyfeedTfFeedApi),
     abi_take,
-    abi_ids,
     abi_next_pass,
     abi_seen_epoch,
     abi_release,

@@ -23,14 +23,13 @@
 
 namespace npyfeed {
 
-/// A plan as the ops see it: batch b of epoch e, its sample ids, and the epoch of each new pass.
+/// A plan as the ops see it: batch b of epoch e, and the epoch of each new pass.
 class TfFeed {
  public:
   /// `device`: the host half of batches formed on a device over the same plan (gather="device"), or null.
   explicit TfFeed(std::shared_ptr<EpochPlan> plan, std::shared_ptr<const DeviceRows> device = nullptr)
       : plan_(std::move(plan)), device_(std::move(device)) {}
   WindowBatch take(std::uint64_t epoch, std::size_t batch) { return plan_->take(epoch, batch); }
-  std::vector<std::int64_t> ids(std::uint64_t epoch, std::size_t batch) const { return plan_->ids(epoch, batch); }
   const WindowSource& source() const { return plan_->source(); }
   /// The device rows, or null (gather="host").
   const DeviceRows* device() const noexcept { return device_.get(); }
@@ -71,7 +70,7 @@ std::int64_t register_tf_feed(std::shared_ptr<TfFeed> feed, std::int64_t first_e
 std::shared_ptr<TfFeed> unregister_tf_feed(std::int64_t id);
 /// The table the op library calls (npyfeed/tf/tf_feed_abi.h).
 const NpyfeedTfFeedApi& tf_feed_api() noexcept;
-/// Owners that take() and ids() handed out and nobody released yet (for tests: buffers TensorFlow holds).
+/// Owners that take() handed out and nobody released yet (for tests: buffers TensorFlow holds).
 std::int64_t tf_feed_owners() noexcept;
 
 }  // namespace npyfeed

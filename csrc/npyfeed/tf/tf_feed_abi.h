@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define NPYFEED_TF_FEED_ABI_VERSION 3
+#define NPYFEED_TF_FEED_ABI_VERSION 4
 #define NPYFEED_TF_MAX_DIMS 32 /* numpy's limit on dimensions (NPY_MAXDIMS) */
 
 /* A batch: x and y are 64-byte aligned and owned by `owner` until release(owner). dims include the batch
@@ -71,8 +71,6 @@ typedef struct NpyfeedTfFeedApi {
   uint32_t struct_size; /* sizeof(NpyfeedTfFeedApi) */
   /* Batch `batch` of epoch `epoch` of feed `feed`, complete. On OK, *out holds two owners to release. */
   int (*take)(int64_t feed, uint64_t epoch, uint64_t batch, NpyfeedTfBatch* out);
-  /* The sample ids of that batch: *count of them at *data, owned by *owner until release(*owner). */
-  int (*ids)(int64_t feed, uint64_t epoch, uint64_t batch, const int64_t** data, size_t* count, void** owner);
   /* Where the feed's next pass starts: *epoch and its first batch *batch (each call starts a new pass). */
   int (*next_pass)(int64_t feed, int64_t* epoch, int64_t* batch);
   /* A pass of epoch `epoch` was seen (a restored iterator): the next pass comes after it. */
