@@ -23,7 +23,9 @@ DIST = os.environ.get("NPYFEED_DIST_DIR")
 pytestmark = pytest.mark.skipif(not DIST, reason="NPYFEED_DIST_DIR names no artifacts of .ci/wheels")
 
 # Paths (relative to the artifact's root) that must never be packed.
-FORBIDDEN = re.compile(r"(^|/)(tests|bench|build|dist|docs|\.ci|__pycache__|\.pytest_cache|\.hypothesis)(/|$)")
+# What no artifact holds: the repository's own folders at its root (the package has a bench/ of its own), and
+# build or cache folders anywhere.
+FORBIDDEN = re.compile(r"^(tests|bench|docs|\.ci)(/|$)|(^|/)(build|dist|__pycache__|\.pytest_cache|\.hypothesis)(/|$)")
 
 
 def _artifacts(pattern: str) -> list[Path]:

@@ -42,7 +42,7 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
     shuffle : bool or "blocks"
         Shuffle the samples: a seeded permutation of all samples per epoch, a new one each pass. ``"blocks"``
         (data sets larger than RAM): each file read once per epoch, whole, within `memory_budget`, batches in
-        the order of ``WindowSource.batches(shuffle="blocks")``; see its docstring and the README.
+        the order of ``WindowSource.plan(shuffle="blocks")``; see its docstring and the guide (docs/blocks.md).
         Checkpointable like the others; a restored iterator (or a jump to another position) first reads the
         block(s) of its batch again.
     seed : int
