@@ -36,21 +36,19 @@ from typing import Callable
 
 import numpy as np
 from npyfeed._layout import index_text, write_index, write_key
-from npyfeed.bench._measure import (  # noqa: F401 - re-exported for the benchmarks
-    DIRECT_ALIGN,
-    GB,
-    PAGE,
-    RandomReadResult,
-    _run_threads,  # also used by the fresh-copy and page-touch probes below
-    buffered_random_bandwidth,
-    evict,
-    format_table,
-    fresh_buffer,
-    machine_info,
-    memcpy_bandwidth,
-    odirect_random_bandwidth,
-    odirect_seq_bandwidth,
-)
+
+try:
+    from npyfeed.bench import _measure
+except ImportError:  # an install from before npyfeed.bench was a package: bench_ab.py's child of an older version
+    from npyfeed import _measure
+
+# Re-exported for the benchmarks (_run_threads also serves the fresh-copy and page-touch probes below).
+DIRECT_ALIGN, GB, PAGE, RandomReadResult = _measure.DIRECT_ALIGN, _measure.GB, _measure.PAGE, _measure.RandomReadResult
+_run_threads, evict, format_table, fresh_buffer = (_measure._run_threads, _measure.evict, _measure.format_table,
+                                                   _measure.fresh_buffer)
+machine_info, memcpy_bandwidth = _measure.machine_info, _measure.memcpy_bandwidth
+buffered_random_bandwidth, odirect_random_bandwidth, odirect_seq_bandwidth = (
+    _measure.buffered_random_bandwidth, _measure.odirect_random_bandwidth, _measure.odirect_seq_bandwidth)
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_DATA_DIR = BENCH_DIR / "data"  # gitignored
