@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -208,6 +209,11 @@ TEST_CASE("epoch plan: the plans of one source share its samples grouped by key"
   CHECK(first.samples_by_key() == second.samples_by_key());
   CHECK(!first.samples_by_key()->runs());  // this index interleaves its keys
   CHECK(EpochPlan(source, spec(Shuffle::kGlobal, 1, 0, 4, false)).samples_by_key() == nullptr);
+  // Sharded by samples, every shard reads every key.
+  std::vector<std::uint32_t> all(source->num_keys());
+  std::iota(all.begin(), all.end(), 0u);
+  CHECK(EpochPlan(source, spec(Shuffle::kGlobal, 2, 1, 4, false)).keys() == all);
+  CHECK(second.keys() == all);
 }
 
 TEST_CASE("epoch plan: shards of whole keys, balanced, together every sample once, ids agree with take") {
@@ -243,7 +249,13 @@ TEST_CASE("epoch plan: shards of whole keys, balanced, together every sample onc
           owner[key] = static_cast<int>(shard);
         }
         seen.insert(seen.end(), mine.begin(), mine.end());
-        CHECK(shard_keys(*samples, shards, shard) == shard_keys(*samples, shards, shard));
+        // The keys the shard reads, kept by the plan (DeviceRows holds these on a device): those of its samples.
+        std::vector<std::uint32_t> keys_read;
+        for (std::int64_t id : mine) keys_read.push_back(source->sample(static_cast<std::size_t>(id)).key);
+        std::sort(keys_read.begin(), keys_read.end());
+        keys_read.erase(std::unique(keys_read.begin(), keys_read.end()), keys_read.end());
+        CHECK(plan.keys() == keys_read);
+        CHECK(plan.keys() == shard_keys(*samples, shards, shard));
       }
       std::sort(seen.begin(), seen.end());
       CHECK_EQ(seen.size(), source->size());

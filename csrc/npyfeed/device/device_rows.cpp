@@ -162,13 +162,7 @@ DeviceRows::DeviceRows(std::shared_ptr<EpochPlan> plan, StorageType storage)
   }
   x_elems_ = product(source.x_shape(), 1);
   y_elems_ = product(source.y_shape(), 0);
-  if (plan_->spec().shard_by == ShardBy::kKeys) {
-    keys_ = shard_keys(*plan_->samples_by_key(), plan_->spec().num_shards, plan_->spec().shard_index);
-  } else {
-    keys_.resize(source.num_keys());
-    std::iota(keys_.begin(), keys_.end(), 0u);
-  }
-  resident_ = layout_of(keys_);
+  resident_ = layout_of(plan_->keys());
 }
 
 std::int64_t DeviceRows::label_rows(std::size_t key) const { return plan_->source().label_source(key).rows(); }
@@ -247,7 +241,7 @@ HostRows DeviceRows::read_keys(const std::vector<std::uint32_t>& keys, bool labe
 
 HostRows DeviceRows::read_resident(bool label) const {
   plan_->source().check_files_unchanged();  // the upload serves every epoch: of the files the source opened
-  return read_keys(keys_, label, false);
+  return read_keys(keys(), label, false);
 }
 
 StartRows DeviceRows::start_rows(const std::vector<std::int64_t>& ids, const Layout& layout) const {

@@ -78,8 +78,8 @@ class DeviceRows {
 
   const EpochPlan& plan() const noexcept { return *plan_; }
   StorageType storage() const noexcept { return storage_; }
-  /// The keys the plan reads, ascending: its shard's under shard_by keys, else every key.
-  const std::vector<std::uint32_t>& keys() const noexcept { return keys_; }
+  /// The keys the plan reads, ascending (EpochPlan::keys): its shard's under shard_by keys, else every key.
+  const std::vector<std::uint32_t>& keys() const noexcept { return plan_->keys(); }
   /// Bytes of the resident layout: the arrays of keys() in the storage type, zero rows included.
   std::uint64_t resident_bytes() const noexcept;
   /// Streamed: the most bytes one group's upload can take (a block of keys whose data fits in half the
@@ -128,7 +128,6 @@ class DeviceRows {
   std::shared_ptr<EpochPlan> plan_;
   StorageType storage_;
   std::uint32_t wide_size_;  // 8 where the data or the storage is float64, else 4: what the gather converts to
-  std::vector<std::uint32_t> keys_;
   Layout resident_;
   std::uint64_t x_elems_, y_elems_;
   mutable std::mutex mutex_;  // the last epoch's groups

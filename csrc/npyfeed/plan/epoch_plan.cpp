@@ -1,6 +1,7 @@
 #include "npyfeed/plan/epoch_plan.hpp"
 
 #include <algorithm>
+#include <numeric>
 
 #include "npyfeed/common/errors.hpp"
 #include "npyfeed/plan/epoch_order.hpp"
@@ -101,12 +102,16 @@ EpochPlan::EpochPlan(std::shared_ptr<WindowSource> source, EpochSpec spec, std::
   }
   if (spec_.shuffle == Shuffle::kBlocks) key_bytes_ = block_key_bytes(*source_);
   if (spec_.shard_by == ShardBy::kKeys) {
+    keys_ = shard_keys(*samples_, spec_.num_shards, spec_.shard_index);
     std::vector<std::uint32_t> ids;
-    for (std::uint32_t key : shard_keys(*samples_, spec_.num_shards, spec_.shard_index)) samples_->append_ids(key, ids);
+    for (std::uint32_t key : keys_) samples_->append_ids(key, ids);
     std::sort(ids.begin(), ids.end());  // unshuffled, a shard reads its samples in index order
     shard_samples_ = std::make_shared<const std::vector<std::uint32_t>>(std::move(ids));
     shard_size_ = shard_samples_->size();
     num_batches_ = spec_.num_batches(shard_size_);
+  } else {
+    keys_.resize(source_->num_keys());
+    std::iota(keys_.begin(), keys_.end(), 0u);
   }
   at_position_.emplace(
       num_batches_,

@@ -96,6 +96,9 @@ class EpochPlan {
   std::size_t shard_size() const noexcept { return shard_size_; }
   /// With shuffle="blocks" or shard_by keys: the samples grouped by key this plan uses (null otherwise).
   const std::shared_ptr<const SamplesByKey>& samples_by_key() const noexcept { return samples_; }
+  /// The keys this shard reads, ascending: under shard_by keys its own (shard_keys), else every key of the
+  /// source. Computed once, here; what DeviceRows holds on a device.
+  const std::vector<std::uint32_t>& keys() const noexcept { return keys_; }
 
   /// The sample ids of batch `batch` of epoch `epoch`. Throws IndexOutOfRange unless batch < num_batches().
   /// O(batch_size) for the computed orders; under blocks, the first call for a block shuffles that block's
@@ -142,6 +145,7 @@ class EpochPlan {
   std::size_t num_batches_;
   std::shared_ptr<const SamplesByKey> samples_;                      // kBlocks, kKeys
   std::shared_ptr<const std::vector<std::uint32_t>> shard_samples_;  // kKeys: this shard's sample ids, ascending
+  std::vector<std::uint32_t> keys_;                                  // keys()
   std::vector<std::uint64_t> key_bytes_;                             // kBlocks: block_key_bytes(source)
   std::shared_ptr<PipelineStats> stats_;
   // kBlocks: the last epoch's block plan and the last blocks' shuffled samples, for ids().
