@@ -20,6 +20,13 @@ constexpr std::array kTable{
     Setting{"NPYFEED_CUDA_RUNTIME", "the CUDA runtime library that pin_memory loads (a path or a soname)"},
 };
 
+// The raw value of `name`, or nullopt when unset or empty: the one getenv of the core.
+std::optional<std::string> value(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  return std::string(text);
+}
+
 // "0" false, "1" true, anything else nullopt.
 std::optional<bool> switch_value(const char* name) {
   const auto text = value(name);
@@ -42,12 +49,6 @@ std::optional<std::size_t> count_value(const char* name) {
 }  // namespace
 
 std::span<const Setting> table() noexcept { return kTable; }
-
-std::optional<std::string> value(const char* name) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return std::nullopt;
-  return std::string(text);
-}
 
 std::optional<std::size_t> max_mappings() { return count_value("NPYFEED_MAX_MAPPINGS"); }
 std::optional<bool> populate() { return switch_value("NPYFEED_POPULATE"); }

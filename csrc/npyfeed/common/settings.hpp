@@ -23,9 +23,6 @@ struct Setting {
 /// Every environment variable the core reads, in the order of docs/one-node.md's table.
 std::span<const Setting> table() noexcept;
 
-/// The raw value of `name` (one of table()'s), or nullopt when unset or empty.
-std::optional<std::string> value(const char* name);
-
 /// NPYFEED_MAX_MAPPINGS: the most mappings the process may hold (replaces vm.max_map_count); a positive integer.
 std::optional<std::size_t> max_mappings();
 /// NPYFEED_POPULATE: "0" turns off the background populate of the mappings of mode="mmap".

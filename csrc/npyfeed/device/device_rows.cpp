@@ -4,7 +4,6 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 
 #include "npyfeed/common/errors.hpp"
 #include "npyfeed/common/thread_pool.hpp"

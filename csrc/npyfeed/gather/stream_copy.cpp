@@ -1,9 +1,6 @@
 #include "npyfeed/gather/stream_copy.hpp"
 
-#include <cstdlib>
 #include <cstring>
-#include <optional>
-#include <string>
 
 #include "npyfeed/common/settings.hpp"
 #include "npyfeed/gather/cpu_features.hpp"

@@ -4,9 +4,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
-#include <cstdlib>
-#include <string_view>
 
 #include "npyfeed/common/errors.hpp"
 #include "npyfeed/common/settings.hpp"

@@ -1,7 +1,6 @@
 #include "npyfeed/io/page_cache.hpp"
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>

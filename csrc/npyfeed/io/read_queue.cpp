@@ -5,10 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstdlib>
 #include <deque>
 #include <exception>
-#include <string_view>
 
 #include "npyfeed/common/errors.hpp"
 #include "npyfeed/common/settings.hpp"
