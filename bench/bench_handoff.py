@@ -12,6 +12,8 @@ B=256, (4800, 256) float32 files, ``shuffle=True``, mode ``"mmap"``):
   source made with ``nice=N`` (``--nice``, default 5): npyfeed's workers below the consumer's threads, so
   that where the gather saturates the cores, the consumer's step (Keras' Python, TensorFlow's executor) runs as
   soon as it can and the gather takes what is left (their ratios are to the plain numpy row);
+* **fallback eager** / **fallback tf.function**: the same two over the ``tf.numpy_function`` feed
+  (``NPYFEED_TF_OPS=0`` when the dataset is made: the path taken where the op library does not load);
 * **floor eager** / **floor tf.function**: a dataset that hands out one pre-made batch
   (``from_tensors(...).repeat()``, autotuning off as in npyfeed's pipelines): TensorFlow's own cost per element,
   with nothing gathered.
@@ -58,13 +60,14 @@ import common  # noqa: E402
 ROWS = ("numpy", "eager", "tf.function", "fit", "fit steps_per_execution=32", "floor eager", "floor tf.function",
         "floor fit", "floor fit steps_per_execution=32", "device eager", "device tf.function",
         "device streamed tf.function", "numpy nice", "tf.function nice", "fit nice",
-        "fit steps_per_execution=32 nice")
+        "fit steps_per_execution=32 nice", "fallback eager", "fallback tf.function")
 TARGETS = {"eager": 0.9, "tf.function": 0.95, "fit": 0.9, "fit steps_per_execution=32": 0.9, "tf.function nice": 0.95,
            "fit nice": 0.9, "fit steps_per_execution=32 nice": 0.9}
 #: The floor of each row: the same consumer over a dataset that hands out one pre-made batch.
 FLOORS = {"eager": "floor eager", "tf.function": "floor tf.function", "fit": "floor fit",
           "fit steps_per_execution=32": "floor fit steps_per_execution=32", "tf.function nice": "floor tf.function",
-          "fit nice": "floor fit", "fit steps_per_execution=32 nice": "floor fit steps_per_execution=32"}
+          "fit nice": "floor fit", "fit steps_per_execution=32 nice": "floor fit steps_per_execution=32",
+          "fallback eager": "floor eager", "fallback tf.function": "floor tf.function"}
 
 
 def _thread_cpu() -> tuple:
@@ -207,6 +210,18 @@ def child(cfg: dict) -> dict:
             return made[0]()
         return run
 
+    def fallback_dataset():
+        # The numpy_function feed: the environment is read when a dataset is made.
+        before = os.environ.get("NPYFEED_TF_OPS")
+        os.environ["NPYFEED_TF_OPS"] = "0"
+        try:
+            return nftf.dataset(src, batch, shuffle=True).repeat()
+        finally:
+            if before is None:
+                del os.environ["NPYFEED_TF_OPS"]
+            else:
+                os.environ["NPYFEED_TF_OPS"] = before
+
     def niced_dataset():
         return nftf.dataset(niced_source(), batch, shuffle=True).repeat()
 
@@ -218,6 +233,8 @@ def child(cfg: dict) -> dict:
             "device eager": lazily(device_dataset(False), eager_loop),
             "device tf.function": lazily(device_dataset(False), in_function),
             "device streamed tf.function": lazily(device_dataset(True), in_function),
+            "fallback eager": lazily(fallback_dataset, eager_loop),
+            "fallback tf.function": lazily(fallback_dataset, in_function),
             "numpy nice": lambda: numpy_rows(niced_source())(),
             "tf.function nice": lazily(niced_dataset, in_function),
             "fit nice": lazily(niced_dataset, lambda dataset: fit(dataset, 1, "fit nice")),

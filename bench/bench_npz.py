@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     nbytes = args.files * args.rows * args.cols * 4
     print(f"{args.files} files of ({args.rows}, {args.cols}) float32 "
           f"({'random' if args.random else 'random walks rounded to 3 decimals'}), {nbytes / 1e6:.0f} MB of data; "
-          f"threads {threads}; load {common.load_average()}; zlib {npyfeed._core.have_inflate}")
+          f"threads {threads}; load {common.load_average()}; zlib {npyfeed.build_info()['zlib']}")
 
     # The same arrays from every format (so the timings compare like with like).
     reference = npyfeed.load_many(paths["npy"][:2])

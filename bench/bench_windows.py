@@ -1,54 +1,21 @@
 #!/usr/bin/env python3
 """Window batches: the users' tf.numpy_function pipelines and the best numpy against npyfeed, warm and cold.
 
-A sample is ``factor[key][feature_index-W+1 : feature_index+1]`` (W rows) and ``label[key][label_index]``, one
-per line ``feature_index,label_index,key`` of the index files. In ONE run, on a data set in the users' layout
-(default 400 files of (4800, 256), about 2 GB per source dtype, float32 and float64 sources, W=100, B=256), every
-contender gathers the SAME samples in the SAME seeded shuffled order (``WindowSource.epoch_order(0, shuffle=True,
-seed=--seed)``), into float32 batches:
+In ONE run, on a data set in the users' layout (default 400 files of (4800, 256), float32 and float64 sources,
+W=100, B=256), every contender gathers the SAME samples in the SAME seeded shuffled order into float32 batches
+(its first batch checked against per-sample ``np.load`` slicing): (a) the users' advised ``tf.numpy_function``
+that ``np.load``s both whole files per sample; (b) their preloaded dict with a ``numpy_function`` per sample and
+(c) per batch; (d) the best vectorised numpy (one fancy index into a window view of every key stacked in RAM);
+(m) ``np.load(mmap_mode="r")`` sliced per sample; (e) npyfeed's numpy iterator per mode (and over
+``from_arrays``); (f) ``npyfeed.tf.dataset`` read by a Python loop (the hand-off's other consumers, its floors and
+the ``numpy_function`` fallback: ``bench_handoff.py``); (t) TensorFlow's ``tf.gather`` over the whole data set
+as one in-RAM tensor; (o) (e) ``"mmap"`` with one gather option; ``keras``, ``torch``: the framework adapters.
 
-  (a) users' np.load       their "advice" code: tf.data + tf.numpy_function per sample that np.loads BOTH whole
-                           files (factor and label) and slices one window (map(num_parallel_calls=8), batch,
-                           prefetch(1)); so slow that it runs only --users-batches batches (samples/s extrapolates)
-  (b) dict, per sample     the users' current code: a preloaded dict (np.load loop) + per-sample numpy_function
-  (c) dict, per batch      the same dict + ONE numpy_function per batch that slices B windows in Python
-  (d) numpy vectorised     the best numpy we know: setup stacks every key into one (K, T, F) float32 array (source
-                           dtype converted once) and builds a zero-copy window view (K*T-W+1, W, F) over it (a
-                           sliding window with the window axis in the middle); a batch is then ONE fancy index
-                           ``windows[row0[ids]]`` plus one for labels. Only that per-batch gather is timed.
-                           One thread: numpy's fancy index is memory-bound here, and splitting a batch over 2
-                           threads measured no gain (97k vs 71-100k samples/s)
-  mmap slicing             np.load(mmap_mode="r") of every file, then per sample ``x[i] = mm[key][a:b]`` in a
-                           Python loop (the cold-cache baseline of the issue)
-  (e) npyfeed <mode>       WindowSource(..., mode).batches(B, shuffle=True, seed): the numpy iterator, C++ gather
-                           with read-ahead; modes mmap and read (and direct, cold only: O_DIRECT never uses the cache)
-  (f) npyfeed.tf mmap      npyfeed.tf.dataset(src, B, shuffle=True, seed) over a mode="mmap" source, read by a
-                           Python loop over eager tensors; and (warm, ``--only fg``) read by ``next(iterator)``
-                           inside a tf.function, as Keras fit and a custom training step read it; both hand-offs
-                           in the same run: native ops (f, fg) and the tf.numpy_function fallback (fn, fgn)
-  (t) TF in-RAM gather     the strongest pure-TensorFlow pipeline: every factor array in one in-RAM tensor, the
-                           index as int tensors, one tf.gather per batch in map(num_parallel_calls=AUTOTUNE)
-
-Warm = every data file in the page cache (read once before the warm rounds); cold = every data file evicted
-(posix_fadvise DONTNEED, residency checked with mincore) before EACH cold measurement. Sources that map files are
-opened fresh for every measurement, as a new training process would (the open is timed in cold rows only): mapped pages cannot be evicted,
-and a reused mapping would have its pages already faulted in. The preloaded contenders (b, c, d) read no file
-after their setup, so they have no cold row; their setup (np.load of every file, cold) is shown instead.
-
-Limits, measured in the same run, interleaved with the contenders (one probe per round; best kept):
-  warm  memory copy with --threads threads (common.memcpy_bandwidth), as samples/s = GB/s / bytes of one sample's
-        float32 x output (W*F*4);
-  cold  the disk's O_DIRECT random-read bandwidth, reads of one source window (W*F*itemsize, ~100 KB for
-        float32) at random offsets (common.odirect_random_bandwidth) with 1, 4 and 16 reads in flight per thread
-        (the depths the contenders reach: page faults and preads, direct's 4 per thread, a cold batch's WILLNEED
-        hints), as samples/s = GB/s / window bytes; the best depth is the limit. The same reads through the page
-        cache (common.buffered_random_bandwidth, same offsets and depths) are the limit of the cold rows that read
-        through it (every one but "direct"), shown beside the disk's: a page-cache read also allocates and inserts
-        its pages, and on some machines the device serves such reads more slowly than O_DIRECT ones.
-
-Contenders run interleaved (round-robin, rotated each round) so that a noisy machine hits them alike; the table
-shows the best round (samples/s) and the median, and ratios against (a), (e) (npyfeed mmap, same dtype and cache)
-and the limit. Then the issue's targets, met or missed. See bench/README.md.
+Warm = every file in the page cache; cold = every file evicted (``posix_fadvise``, residency checked with
+``mincore``) before EACH cold measurement, sources opened fresh each time. The limits are measured in the same
+rounds: the memory copy (warm) and the disk's random reads of one window, with O_DIRECT and through the page
+cache (cold). Contenders run interleaved, rotated each round; the table shows the best round and the median,
+ratios against (a), (b), (e) and the limit, then the targets. bench/README.md describes every column.
 """
 
 from __future__ import annotations
@@ -510,40 +477,27 @@ class _SourceHandle:
         self._src = None
 
 
-#: npyfeed.tf's two hand-offs: its op library ("native", the default) and the tf.numpy_function fallback.
-TF_PATHS = {"native": "", "numpy_function": "n"}  # path -> tag suffix
-
-
 class NpyfeedTF(Npyfeed):
+    """(f) npyfeed.tf.dataset over a fresh source, read by a Python loop over eager tensors (its native op; the
+    other consumers, the floors and the numpy_function fallback: bench_handoff.py)."""
+
     tag = "f"
     needs_tf = True
 
-    def __init__(self, mode: str = "mmap", caches=("warm", "cold"), path: str = "native"):
+    def __init__(self, mode: str = "mmap", caches=("warm", "cold")):
         super().__init__(mode, caches)
-        self.path = path
-        self.tag = type(self).tag + TF_PATHS[path]
-        self.name = f"(f) npyfeed.tf.dataset {mode}, {path}"
+        self.name = f"(f) npyfeed.tf.dataset {mode}"
         self.dataset = None
         self.handle = None
 
     def open(self, data, batches, log):
         import npyfeed.tf as nftf
-        from npyfeed.tf import _feed as _tf_feed
 
+        if not npyfeed.build_info(tf=True)["tf_ops_loadable"]:
+            raise SystemExit("npyfeed.tf's op library did not load: no (f) row")
         self.handle = _SourceHandle(self.make_source(data))
-        # A new dataset per measurement: its first pass is epoch 0, the order every contender uses. The path is
-        # chosen when the dataset is made (NPYFEED_TF_OPS=0: the fallback).
-        saved = os.environ.get("NPYFEED_TF_OPS")
-        os.environ["NPYFEED_TF_OPS"] = "1" if self.path == "native" else "0"
-        try:
-            if self.path == "native" and _tf_feed.native_ops() is None:
-                raise SystemExit("npyfeed.tf's op library did not load: no native row")
-            self.dataset = nftf.dataset(self.handle, data.batch, shuffle=True, seed=data.seed)
-        finally:
-            if saved is None:
-                del os.environ["NPYFEED_TF_OPS"]
-            else:
-                os.environ["NPYFEED_TF_OPS"] = saved
+        # A new dataset per measurement: its first pass is epoch 0, the order every contender uses.
+        self.dataset = nftf.dataset(self.handle, data.batch, shuffle=True, seed=data.seed)
 
         def run():
             return _count(iter(self.dataset), batches)
@@ -554,44 +508,6 @@ class NpyfeedTF(Npyfeed):
         if self.handle is not None:
             self.handle.release()
             self.handle = None
-
-
-class NpyfeedTFGraph(NpyfeedTF):
-    """(f) consumed as training consumes it: ``next(iterator)`` inside a ``tf.function`` (Keras ``fit``'s train
-    function, a custom loop's step), not a Python loop over eager tensors. The first batch is taken eagerly
-    (the output check, and the start of the warm rate); the rest in one traced loop over the same iterator."""
-
-    tag = "fg"
-
-    def __init__(self, mode: str = "mmap", caches=("warm",), path: str = "native"):
-        super().__init__(mode, caches, path)
-        self.name = f"(f) npyfeed.tf.dataset {mode}, {path}, in a tf.function"
-        self.take = None
-
-    def open(self, data, batches, log):
-        import tensorflow as tf
-
-        super().open(data, batches, log)
-        dataset = self.dataset
-        if self.take is None:  # one function for every measurement: traced once, in the output check
-            @tf.function
-            def take(iterator, steps):
-                samples = tf.constant(0, tf.int64)
-                for _ in tf.range(steps):
-                    x, _y = next(iterator)
-                    samples += tf.shape(x, out_type=tf.int64)[0]
-                return samples
-            self.take = take
-        take = self.take
-
-        def run():
-            tally = Tally()
-            iterator = iter(dataset)
-            take(iterator, tf.constant(0, tf.int64))  # no retrace: the same element spec every time
-            tally.add(*next(iterator))
-            tally.samples += int(take(iterator, tf.constant(batches - 1, tf.int64)))
-            return tally
-        return run
 
 
 class TFInRamGather(TFPipeline):
@@ -639,15 +555,6 @@ class TFInRamGather(TFPipeline):
     def setup_text(self, data):
         return (f"np.load {data.setup.get('dict', float('nan')):.1f} s cold + stack "
                 f"{data.setup.get('stack', float('nan')):.1f} s + tensor {data.setup.get('tf_tensor', float('nan')):.1f} s")
-
-
-def tf_handoff_contenders() -> list:
-    """npyfeed.tf on both paths, read by a Python loop and inside a tf.function: (f), (fg) native; (fn), (fgn)
-    the numpy_function fallback, in the same run."""
-    out = []
-    for path in TF_PATHS:
-        out += [NpyfeedTF("mmap", path=path), NpyfeedTFGraph("mmap", path=path)]
-    return out
 
 
 # ------------------------------------------------------------------------------ gather options (o)
@@ -819,7 +726,7 @@ def build_contenders(args, tf) -> list:
     out += option_contenders(args)
     if tf is not None:
         if importlib.util.find_spec("npyfeed.tf") is not None:
-            out += tf_handoff_contenders() + [TFInRamGather(tf)]
+            out += [NpyfeedTF("mmap"), TFInRamGather(tf)]
         else:
             print("note: npyfeed.tf is not installed yet: (f) skipped", file=sys.stderr)
     if args.only and ({"keras", "torch"} & {w.strip() for w in args.only.split(",")}):
@@ -891,10 +798,8 @@ def parse_args(argv=None):
     g.add_argument("--no-options", action="store_true",
                    help="skip the gather option rows (o): features=, label_columns=, nan=/posinf=/neginf=, normalize=")
     g.add_argument("--only", default=None,
-                   help="comma-separated tags to run only some contenders: a,b,c,d,m,e,f,fg,fn,fgn,t,o or "
-                        "e-mmap,e-read,e-direct (f/fg: npyfeed.tf native, fn/fgn: its numpy_function fallback, "
-                        "t: pure TensorFlow in-RAM gather, o: the gather options); keras, torch: the framework "
-                        "adapters (only when named)")
+                   help="comma-separated tags to run only some contenders: a,b,c,d,m,e,f,t,o or "
+                        "e-mmap,e-read,e-direct; keras, torch: the framework adapters (only when named)")
     args = p.parse_args(argv)
     args.dtypes = [args.dtype] if args.dtype else [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if args.quick:
@@ -1030,55 +935,6 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def tf_element_floor(tf, batch: int, window: int, cols: int, labels: int, seconds: float) -> dict:
-    """TensorFlow's own cost per element of a pipeline shaped like (f), with nothing to gather: a range mapped
-    through a ``numpy_function`` that returns the same preallocated, 64-byte-aligned batch (adopted without a
-    copy), two calls in flight, prefetch; also a bare ``range``. Each read as (f) reads it, by a Python loop over
-    eager tensors, and as (fg) reads it, by ``next(iterator)`` in a ``tf.function`` loop. CPU us per batch (all
-    threads) and batches/s, keyed ``"<pipeline>"`` (eager) and ``"<pipeline>, in a tf.function"``."""
-    x, y = common.aligned_float32((batch, window, cols)), common.aligned_float32((batch, labels))
-    positions = tf.data.Dataset.range(2**62)
-    pipelines = {
-        "range": positions.map(lambda b: (b, b)),
-        "range + numpy_function": positions.map(
-            lambda b: tuple(tf.numpy_function(lambda _: (x, y), [b], (tf.float32, tf.float32), stateful=False)),
-            num_parallel_calls=2, deterministic=True).prefetch(tf.data.AUTOTUNE),
-    }
-
-    @tf.function
-    def take(iterator, steps):
-        for _ in tf.range(steps):
-            next(iterator)
-
-    def eager(it) -> int:
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            next(it)
-            n += 1
-        return n
-
-    def in_function(it) -> int:
-        t0 = time.perf_counter()
-        take(it, tf.constant(50, tf.int64))
-        return max(50, int(50 * seconds / max(time.perf_counter() - t0, 1e-3)))  # steps for about `seconds`
-
-    out = {}
-    for name, ds in pipelines.items():
-        for suffix in ("", ", in a tf.function"):
-            it = iter(ds)
-            take(it, tf.constant(20, tf.int64))
-            steps = in_function(it) if suffix else None
-            cpu0, t0 = _cpu_seconds(), time.perf_counter()
-            if steps is None:
-                steps = eager(it)
-            else:
-                take(it, tf.constant(steps, tf.int64))
-            out[name + suffix] = {"cpu_us_per_batch": (_cpu_seconds() - cpu0) / steps * 1e6,
-                                  "batches_per_s": steps / (time.perf_counter() - t0)}
-            del it
-    return out
-
-
 def best(values) -> float | None:
     values = [v for v in values if v is not None]
     return max(values) if values else None
@@ -1098,10 +954,6 @@ def main(argv=None) -> int:
     limits: dict = {}
     log("limits: memory copy, 1 thread ...")
     copy_1 = common.memcpy_bandwidth(1, args.copy_bytes, repeats=2 if args.quick else 5)
-    tf_floor = None
-    if tf is not None:
-        log("limits: TensorFlow's own cost per element (no gather) ...")
-        tf_floor = tf_element_floor(tf, args.batch, args.window, args.cols, args.labels, 0.5 if args.quick else 3.0)
     all_results, setups, residency, window_bytes = [], {}, 0.0, {}
     for dtype in args.dtypes:
         res, st, frac, wb = run_dtype(args, dtype, tf, limits, log)
@@ -1189,29 +1041,6 @@ def main(argv=None) -> int:
                 lim_rows.append([f"{label} qd{qd} ({dtype})", common.fmt(g, ".2f"),
                                  "-" if rate is None else f"{rate:,.0f}", f"{window_bytes[dtype]} B windows"])
     print(common.format_table(("limit", "GB/s", "samples/s", "per sample"), lim_rows, align="lrrl"))
-    if tf_floor:
-        print()
-        print("TensorFlow's own cost per batch, nothing gathered (the floor under (f); CPU of all threads):")
-        for name, v in tf_floor.items():
-            print(f"  {name:42s} {v['cpu_us_per_batch']:8,.0f} us CPU/batch  {v['batches_per_s']:8,.0f} batches/s")
-        cpus = common.machine_info()["cpus"]
-        for dtype in args.dtypes:
-            e = by.get(("e-mmap", dtype, "warm"))
-            if not (e and e.best_cpu_us):
-                continue
-            e_batch = e.best_cpu_us * args.batch
-            if args.threads < cpus:
-                print(f"  {dtype}: (e) mmap uses {e_batch:,.0f} us CPU/batch on {args.threads} of {cpus} cores: "
-                      "TensorFlow's own CPU can run beside the gather, and (f) need not fall behind (e)")
-                continue
-            print(f"  {dtype}: (e) mmap uses {e_batch:,.0f} us CPU/batch. With every core busy gathering "
-                  f"({args.threads} threads on {cpus} cores), TensorFlow's own CPU comes out of the gather's, and (f) "
-                  "can reach about (an estimate: that CPU includes TensorFlow's threads spinning for work):")
-            for reader, suffix in (("(f), a Python loop", ""), ("(f) in a tf.function", ", in a tf.function")):
-                for name in ("range", "range + numpy_function"):
-                    floor = tf_floor[name + suffix]["cpu_us_per_batch"]
-                    print(f"    {reader:22s} over {name + ':':24s} {e_batch / (e_batch + floor):.3f}x (e) samples/s, "
-                          f"CPU/sample {(e_batch + floor) / e_batch:.3f}x (e)'s")
     print()
     print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrrrlrrl"))
     print()
@@ -1253,7 +1082,6 @@ def main(argv=None) -> int:
             "load_average": {"before": load_before, "after": load_after},
             "limits_gbps": {k: v for k, v in limits.items()} | {"copy_1": copy_1},
             "limits_samples_per_s": {f"{d}/{c}": v for (d, c), v in limit_rate.items()},
-            "tf_element_floor": tf_floor,
             "results": results_json, "targets": targets, "max_residency_after_evict": residency,
             "gather_options": [dict(zip(OPTION_HEADER, o)) for o in opts]})
     return 0
@@ -1288,7 +1116,9 @@ def evaluate_targets(by, limit_rate, dtypes) -> list:
             add("(f) warm cpu/sample vs (e)", dtype, None if cpu is None else 1.1 / cpu, "<= 1.10x", 1.0,
                 common.fmt(cpu, ".3f", "x"))
             add("(f) warm vs (a) warm", dtype, ratio(f, a), ">= 75x", 75, common.fmt(ratio(f, a), ".0f", "x"))
-        handoff_targets(by, dtype, add, ratio)
+        t = by.get(("t", dtype, "warm"))
+        if f and t:
+            add("(f) warm vs (t) TF in-RAM gather", dtype, ratio(f, t), ">= 1.300x", 1.3)
         disk = limit_rate.get((dtype, "cold"))
         cached = limit_rate.get((dtype, "cold page cache"))
         m = by.get(("m", dtype, "cold"))
@@ -1303,27 +1133,6 @@ def evaluate_targets(by, limit_rate, dtypes) -> list:
                 add(f"(e) {mode} cold vs np mmap slicing cold", dtype, ratio(e, m), ">= 5x", 5,
                     common.fmt(ratio(e, m), ".2f", "x"), cold_rows=(e, m))
     return out
-
-
-def handoff_targets(by, dtype, add, ratio) -> None:
-    """The hand-off's targets: (f) in a tf.function against (e), native against the numpy_function path, and
-    npyfeed.tf against the pure TensorFlow in-RAM gather (t)."""
-    e, t = by.get(("e-mmap", dtype, "warm")), by.get(("t", dtype, "warm"))
-    for tag, reader in (("fg-mmap", "in a tf.function"), ("fn-mmap", "numpy_function"),
-                        ("fgn-mmap", "numpy_function, in a tf.function")):
-        f = by.get((tag, dtype, "warm"))
-        if f and tag == "fg-mmap":
-            add(f"(f) {reader} warm vs (e) mmap warm", dtype, ratio(f, e), ">= 0.950x", 0.95)
-            cpu = f.best_cpu_us / e.best_cpu_us if (e and f.best_cpu_us and e.best_cpu_us) else None
-            add(f"(f) {reader} warm cpu/sample vs (e)", dtype, None if cpu is None else 1.1 / cpu, "<= 1.10x", 1.0,
-                common.fmt(cpu, ".3f", "x"))
-        elif f:  # informative: the fallback beside the native path
-            native = by.get((tag.replace("n-", "-"), dtype, "warm"))
-            add(f"(f) native vs {reader} warm", dtype, ratio(native, f), "informative", None)
-    for tag, reader in (("f-mmap", ""), ("fg-mmap", " in a tf.function")):
-        f = by.get((tag, dtype, "warm"))
-        if f and t:
-            add(f"(f){reader} warm vs (t) TF in-RAM gather", dtype, ratio(f, t), ">= 1.300x", 1.3)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import ctypes.util
 import gc
 import json
 import mmap
@@ -29,11 +28,12 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import npyfeed
 import numpy as np
 from npyfeed._layout import index_text, write_index, write_key
 
@@ -186,61 +186,15 @@ def make_dataset(parent: str | os.PathLike, spec: DataSpec, *, log: Callable[[st
 # ----------------------------------------------------------------------------------------- page cache
 
 
-def warm(paths: Iterable[str], chunk: int = 8 << 20) -> None:
-    """Read `paths` once so that they sit in the page cache."""
-    buf = bytearray(chunk)
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            while os.readv(fd, [buf]) > 0:
-                pass
-        finally:
-            os.close(fd)
+def warm(paths: Sequence[str]) -> None:
+    """Read `paths` into the page cache (``npyfeed.warm``: parallel reads, no lock file)."""
+    npyfeed.warm(list(paths), lock=False)
 
 
-_libc = None
-
-
-def _get_libc():
-    global _libc
-    if _libc is None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        _libc = libc
-    return _libc
-
-
-def cached_fraction(paths: Sequence[str]) -> float | None:
-    """Fraction of the pages of `paths` in the page cache (mincore), or None where that cannot be asked."""
-    try:
-        libc = _get_libc()
-    except OSError:
-        return None
-    cached = total = 0
-    for path in paths:
-        size = os.path.getsize(path)
-        if size == 0:
-            continue
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-            if addr in (None, ctypes.c_void_p(-1).value):
-                return None
-            try:
-                pages = (size + PAGE - 1) // PAGE
-                vec = (ctypes.c_ubyte * pages)()
-                if libc.mincore(addr, size, vec) != 0:
-                    return None
-                cached += int(np.frombuffer(vec, dtype=np.uint8).__and__(1).sum())
-                total += pages
-            finally:
-                libc.munmap(addr, size)
-        finally:
-            os.close(fd)
-    return cached / total if total else 0.0
+def cached_fraction(paths: Sequence[str]) -> float:
+    """The fraction of the bytes of `paths` in the page cache (``mincore``, through ``npyfeed.warm``)."""
+    report = npyfeed.warm(list(paths), check=True, lock=False)
+    return report.resident_before / report.bytes if report.bytes else 0.0
 
 
 def fresh_pages_per_allocation() -> None:
@@ -251,8 +205,7 @@ def fresh_pages_per_allocation() -> None:
     keeps each repeat honest: numpy's and npyfeed's buffers both pay their page faults every time.
     """
     try:
-        libc = _get_libc()
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+        ctypes.CDLL(None).mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass
 
@@ -444,34 +397,6 @@ def run_child(script: str, cfg: dict, env: dict, what: str) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"child ({what}) failed with {r.returncode}:\n{r.stdout}\n{r.stderr}")
     return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def gpu_parser(doc: str, device_help: str) -> argparse.ArgumentParser:
-    """The GPU benchmarks' command line: the data set flags (the users' shape, 120 keys) and --device (with
-    `device_help`), --window, --batch, --steps; `doc` is the script's docstring."""
-    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=doc.split("\n\n", 1)[1])
-    add_data_args(p, files=120, rows=4800, cols=256, dtype="float32")
-    g = p.add_argument_group("gpu")
-    g.add_argument("--device", default=None, help=device_help)
-    g.add_argument("--window", type=int, default=100, help="window W (default 100)")
-    g.add_argument("--batch", type=int, default=256, help="batch size B (default 256)")
-    g.add_argument("--steps", type=int, default=200, help="steps per measurement (default 200)")
-    return p
-
-
-def gpu_source(args, threads: int) -> tuple:
-    """The GPU benchmarks' data (`gpu_parser`'s flags): (the data set, made or reused and warmed, a mapped
-    WindowSource over it with `threads` threads)."""
-    import npyfeed  # noqa: PLC0415
-
-    spec = DataSpec(files=args.files, rows=args.rows, cols=args.cols, dtype=args.dtype, stocks=1,
-                    window=args.window)
-    ds = make_dataset(args.dir, spec)
-    warm(ds.factor_paths + ds.label_paths)
-    src = npyfeed.WindowSource(ds.index_paths[0], str(ds.factor_dir("S000")), str(ds.label_dir("S000")),
-                               args.window, mode="mmap", threads=threads)
-    return ds, src
 
 
 def write_json(path: str | os.PathLike, payload: dict) -> None:

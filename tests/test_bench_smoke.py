@@ -62,17 +62,22 @@ def test_bench_node_quick(tmp_path):
 
 def test_bench_index_quick(tmp_path):
     out = tmp_path / "index.json"
-    proc = run_bench("bench_index.py", tmp_path, "--json", str(out))
+    proc = run_bench("bench_open.py", tmp_path, "--scenarios", "index", "--json", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     header = [line for line in proc.stdout.splitlines() if line.startswith("scenario")]
     assert header and "RssAnon" in header[0] and "first batch" in header[0], proc.stdout
     assert "targets (issue 8" in proc.stdout
-    records = {r["name"]: r["results"] for r in json.loads(out.read_text())["records"]}
+    result = json.loads(out.read_text())
+    assert "seconds" not in result  # the files' opens were not run
+    records = {r["name"]: r["results"] for r in result["index_scenarios"]}
     # The first open compiled and wrote the cache, the second mapped the same file; every batch matched numpy.
     compiled, cached = records["compile (empty cache)"][0], records["cached"][0]
     assert compiled["cache"] and compiled["cache"] == cached["cache"]
     assert all(r.get("checked", True) for results in records.values() for r in results)
-    assert not (tmp_path / "data" / "caches").exists()  # the bench removes its caches
+    assert len(records["2 at once, cached"]) == 2 and all(r["checked"] for r in records["2 at once, cached"])
+    # the bench removes its caches
+    assert Path(compiled["cache"]).is_relative_to(tmp_path / "data") and not Path(compiled["cache"]).exists()
+    assert not list((tmp_path / "data").glob("*/caches"))
 
 
 def test_bench_npz_quick(tmp_path):
@@ -109,18 +114,6 @@ def test_bench_stream_quick(tmp_path):
     assert result["results"]["cold blocks direct"]["stats"]["blocks_read"] > 0
 
 
-def test_bench_first_pass_quick(tmp_path):
-    out = tmp_path / "first_pass.json"
-    proc = run_bench("bench_first_pass.py", tmp_path, "--json", str(out))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "first/second" in proc.stdout and "target: first pass" in proc.stdout
-    result = json.loads(out.read_text())
-    for variant in ("off", "on"):
-        s = result["summary"][variant]
-        assert len(s["samples_per_s"]) == 3 and all(x > 0 for x in s["samples_per_s"]), s
-    assert result["mapping_cost"]["faults"]["minor_faults"] > 0
-
-
 def test_bench_read_path_quick(tmp_path):
     out = tmp_path / "read_path.json"
     proc = run_bench("bench_read_path.py", tmp_path, "--json", str(out))
@@ -148,7 +141,7 @@ def test_bench_handoff_quick(tmp_path):
     results = json.loads(out.read_text())
     rows = results["rows"]
     for row in ("numpy", "eager", "tf.function", "fit", "fit steps_per_execution=32", "floor eager", "floor fit",
-                "numpy nice", "tf.function nice", "fit nice"):
+                "numpy nice", "tf.function nice", "fit nice", "fallback eager", "fallback tf.function"):
         got = rows[f"this build: {row}"]
         assert len(got["rates"]) == 1 and got["rates"][0] > 0, got
     assert rows["this build: numpy"]["ratios"] == [1.0]
@@ -170,6 +163,7 @@ def test_bench_gpu_quick_on_the_cpu(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "overlap npyfeed (feed + compute - both)" in proc.stdout and "overlap ready" in proc.stdout
     result = json.loads(out.read_text())
+    assert result["bench"] == "bench_gpu"  # --framework tf, the default
     assert result["device"] == "/cpu:0" and result["matmuls"] >= 1
     seconds = result["seconds_per_step"]
     assert set(seconds) == {"numpy", "h2d", "compute", "feed_npyfeed", "feed_ready", "both_npyfeed", "both_ready",
@@ -182,13 +176,14 @@ def test_bench_gpu_quick_on_the_cpu(tmp_path):
     assert 4 * 8 * batch < sent["streamed"] < sent["npyfeed"]
 
 
-def test_bench_gpu_torch_quick_on_the_cpu(tmp_path):
+def test_bench_gpu_through_torch_quick_on_the_cpu(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "gpu_torch.json"
-    proc = run_bench("bench_gpu_torch.py", tmp_path, "--device", "cpu", "--json", str(out))
+    proc = run_bench("bench_gpu.py", tmp_path, "--framework", "torch", "--device", "cpu", "--json", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "batches checked against the host's" in proc.stdout and "overlap pinned" in proc.stdout, proc.stdout
     result = json.loads(out.read_text())
+    assert result["bench"] == "bench_gpu_torch"  # the schema of bench/results/gpu_torch.json
     assert result["device"] == "cpu" and result["matmuls"] >= 1
     assert result["checked_batches"] == 12  # the first 3 batches of every feed but the ready one
     seconds = result["seconds_per_step"]
@@ -198,36 +193,6 @@ def test_bench_gpu_torch_quick_on_the_cpu(tmp_path):
     assert all(v > 0 for v in seconds.values()), result
     sent = result["host_to_device_bytes_per_step"]
     assert sent["device"] == 4 * 8 * result["config"]["batch"] < sent["pageable"]
-
-
-def test_bench_streaming_quick(tmp_path):
-    out = tmp_path / "streaming.json"
-    proc = run_bench("bench_streaming.py", tmp_path, "--no-tf", "--json", str(out), "--baseline", _this_install(),
-                     timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "on/off median" in proc.stdout and "on/baseline median" in proc.stdout, proc.stdout
-    summary = json.loads(out.read_text())["summary"]
-    for consumer in ("numpy", "numpy, batch read"):
-        for variant in ("off", "on", "baseline"):
-            row = summary[f"{consumer}: {variant}"]
-            assert len(row["rates"]) == 1 and row["samples_per_s"] > 0 and 0 < row["x_limit"], row
-        for ratio in ("on/off", "on/baseline"):
-            assert len(summary[f"{consumer}: {ratio}"]) == 1 and summary[f"{consumer}: {ratio}"][0] > 0
-
-
-@pytest.mark.parametrize("options", ["all", "every4th"])
-def test_bench_streaming_options_quick(tmp_path, options):
-    """The converting and selecting paths, in index order: each variant's source opened with the options."""
-    out = tmp_path / "streaming.json"
-    proc = run_bench("bench_streaming.py", tmp_path, "--no-tf", "--json", str(out), "--options", options,
-                     "--sequential", timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"options {options}, in index order" in proc.stdout, proc.stdout
-    result = json.loads(out.read_text())
-    assert result["args"]["options"] == options and result["args"]["sequential"] is True
-    # --quick rows have 16 columns: a quarter of them selected, in every variant's source.
-    for variant in ("off", "on"):
-        assert result["runs"][variant][0]["x_shape"] == [result["args"]["window"], 4], result["runs"][variant]
 
 
 def test_bench_open_quick(tmp_path):
@@ -254,6 +219,44 @@ def test_bench_ab_quick(tmp_path):
     assert set(summary) == paths, summary
     for path, s in summary.items():
         assert s["a_median"] > 0 and s["b_median"] > 0 and len(s["ratios"]) == 2, (path, s)
+
+
+def test_bench_ab_streaming_quick(tmp_path):
+    """A settings A/B of the installed npyfeed (no --a): each side's children ran with its NPYFEED_STREAMING."""
+    out = tmp_path / "streaming.json"
+    proc = run_bench("bench_ab.py", tmp_path, "--env-a", "NPYFEED_STREAMING=0", "--env-b", "NPYFEED_STREAMING=1",
+                     "--paths", "float32,consumed", "--json", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "copy limit: memcpy by 2 threads" in proc.stdout, proc.stdout
+    result = json.loads(out.read_text())
+    assert result["installs"] == {"A": _this_install(), "B": _this_install()}
+    assert set(result["summary"]) == {"float32", "consumed"}, result["summary"]
+    assert result["copy_limit"]["samples_per_s"] > 0 and len(result["copy_limit"]["rounds"]) == 2
+    for path, s in result["summary"].items():
+        assert s["a_median"] > 0 and s["b_median"] > 0 and len(s["ratios"]) == 2, (path, s)
+        assert s["x_copy_limit"]["B"] == pytest.approx(s["b_median"] / result["copy_limit"]["samples_per_s"])
+        for side, value in (("A", "0"), ("B", "1")):
+            assert [r["env"].get("NPYFEED_STREAMING") for r in result["runs"][f"{path}/{side}"]] == [value] * 2
+
+
+def test_bench_ab_first_pass_quick(tmp_path):
+    """The populate A/B: whole first and second passes over a fresh mapped source, faults and CPU of each."""
+    out = tmp_path / "first_pass.json"
+    proc = run_bench("bench_ab.py", tmp_path, "--env-a", "NPYFEED_POPULATE=0", "--env-b", "NPYFEED_POPULATE=1",
+                     "--paths", "first_pass", "--json", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "first_pass B (B): first/second" in proc.stdout and "target >= 0.9" in proc.stdout, proc.stdout
+    result = json.loads(out.read_text())
+    s = result["summary"]["first_pass"]
+    assert s["a_median"] > 0 and s["b_median"] > 0 and len(s["ratios"]) == 2, s
+    for side, value in (("A", "0"), ("B", "1")):
+        assert s["passes"][side]["first_over_second"] > 0 and len(s["passes"][side]["first_over_second_runs"]) == 2
+        for r in result["runs"][f"first_pass/{side}"]:
+            assert r["env"]["NPYFEED_POPULATE"] == value, r["env"]
+            first, second = r["passes"]
+            assert first["samples"] == second["samples"] == 6 * (600 - 99)  # whole passes of the --quick data
+            assert first["minor_faults"] > 0 and first["cpu_us_per_sample"] > 0 and second["samples_per_s"] > 0
+            assert r["samples_per_s"] == first["samples_per_s"]
 
 
 def _have(module: str) -> bool:
