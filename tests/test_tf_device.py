@@ -337,6 +337,41 @@ def test_streamed_storage_dtype_rounds_once_as_numpy(tf, dtype):
                  cast=lambda a: a.astype(np.float16).astype(np.float32))
 
 
+SHORT_BATCH = 11  # no divisor of the stream sources' 672 or 720 samples: each epoch ends with a short batch
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_streamed_groups_hand_over_where_their_batches_end(tf, drop_remainder):
+    """Each group says where its batches end in its start rows (`DeviceRows.group`'s last array, the core's batch
+    sizes): SHORT_BATCH samples each, but for an epoch's last (kept unless drop_remainder). The batches cut there,
+    on the op library and on the fallback, equal the numpy iterator's, the short last one included."""
+    src = _stream_source("pad")
+    n = len(src)
+    assert n % SHORT_BATCH
+    ds = npyfeed.tf.dataset(src, SHORT_BATCH, shuffle="blocks", memory_budget=STREAM_BLOCKS, gather="device",
+                            device_memory_budget=STREAM_DEVICE, seed=3, drop_remainder=drop_remainder)
+    host_rows = _pipeline(ds).device.host_rows
+    assert _pipeline(ds).device.streams
+    # Batch b of an epoch holds the samples [b * B, (b + 1) * B) of its order, as many of them as there are.
+    num_batches = n // SHORT_BATCH if drop_remainder else -(-n // SHORT_BATCH)
+    sizes = np.minimum(SHORT_BATCH, n - SHORT_BATCH * np.arange(num_batches))
+    assert (sizes[-1] == SHORT_BATCH) == drop_remainder
+    for epoch in range(2):
+        table = host_rows.groups(epoch)
+        assert table[0, 0] == 0 and table[-1, 1] == num_batches and (table[1:, 0] == table[:-1, 1]).all()
+        assert (table[:, 2] != table[:, 3]).any() and (table[:, 1] - table[:, 0] > 1).any()
+        for g, (first, end, _, _) in enumerate(table):
+            _, _, start, lo, hi, label, ends = host_rows.group(epoch, g)
+            assert ends.dtype == np.int64
+            np.testing.assert_array_equal(ends, np.cumsum(sizes[first:end]))
+            assert ends[0] > 0 and (np.diff(ends) > 0).all()
+            assert ends[-1] == len(start) == len(lo) == len(hi) == len(label)
+        got = _pass(ds)
+        assert [len(x) for x, _ in got] == sizes.tolist()
+        _assert_same(got, list(src.batches(SHORT_BATCH, shuffle="blocks", seed=3, epoch=epoch,
+                                           memory_budget=STREAM_BLOCKS, drop_remainder=drop_remainder)))
+
+
 def test_over_the_device_budget_other_orders_and_small_budgets_are_refused(tf):
     src = _stream_source("skip")
     for shuffle in (False, True):

@@ -115,7 +115,8 @@ void bind_device(py::module_& m) {
             GroupUpload g = without_gil([&] { return d.group(epoch, index); });
             const StartRows& r = g.rows;
             return py::make_tuple(wrap_rows(g.factors, d.storage()), wrap_rows(g.labels, d.storage()),
-                                  int64_array(r.start), int64_array(r.lo), int64_array(r.hi), int64_array(r.label));
+                                  int64_array(r.start), int64_array(r.lo), int64_array(r.hi), int64_array(r.label),
+                                  int64_array(g.batch_ends));
           },
           py::arg("epoch"), py::arg("index"));
 }

@@ -13,7 +13,8 @@
 //     -> start, lo, hi, label                    arrays on the device, int64 [B] each
 //   NpyfeedNumGroups(feed, epoch) -> count       gather="device", streamed: the epoch's groups of batches
 //   NpyfeedGroup(feed, epoch, group)             and one group: its arrays in the storage type T (adopted, no
-//     -> factors, labels, start, lo, hi, label   copy) and its samples' start rows
+//     -> factors, labels, start, lo, hi, label,  copy), its samples' start rows, and the end of each of its
+//        batch_ends                              batches in them (the core's batch sizes), int64 [batches]
 //
 // Errors are TensorFlow errors with npyfeed's message (naming the file, index line, key). A stale id (the
 // dataset is gone) fails with FAILED_PRECONDITION. No kernel calls Python, so none holds up interpreter exit.
@@ -175,19 +176,22 @@ void compute_seen_epoch(void*, TF_OpKernelContext* ctx) {
 
 // ---- NpyfeedStartRows, NpyfeedNumGroups, NpyfeedGroup (gather="device")
 
+// Output `index`: `count` int64 values, copied into a TensorFlow tensor of its own.
+bool set_int64_output(TF_OpKernelContext* ctx, int index, const int64_t* values, size_t count) {
+  const int64_t dims[1] = {static_cast<int64_t>(count)};
+  Status status;
+  TF_Tensor* t = TF_AllocateOutput(ctx, index, TF_INT64, dims, 1, count * sizeof(int64_t), status.get());
+  if (status.ok() && count > 0) std::memcpy(TF_TensorData(t), values, count * sizeof(int64_t));
+  if (t != nullptr) TF_DeleteTensor(t);
+  if (!status.ok()) TF_OpKernelContext_Failure(ctx, status.get());
+  return status.ok();
+}
+
 // Outputs [first, first + 4): the start rows, copied into TensorFlow's own tensors (32 bytes a sample).
 bool set_start_rows(TF_OpKernelContext* ctx, int first, const NpyfeedTfRows& rows) {
   const int64_t* parts[4] = {rows.start, rows.lo, rows.hi, rows.label};
-  const int64_t dims[1] = {static_cast<int64_t>(rows.count)};
   for (int i = 0; i < 4; ++i) {
-    Status status;
-    TF_Tensor* t = TF_AllocateOutput(ctx, first + i, TF_INT64, dims, 1, rows.count * sizeof(int64_t), status.get());
-    if (status.ok() && rows.count > 0) std::memcpy(TF_TensorData(t), parts[i], rows.count * sizeof(int64_t));
-    if (t != nullptr) TF_DeleteTensor(t);
-    if (!status.ok()) {
-      TF_OpKernelContext_Failure(ctx, status.get());
-      return false;
-    }
+    if (!set_int64_output(ctx, first + i, parts[i], rows.count)) return false;
   }
   return true;
 }
@@ -243,10 +247,12 @@ void compute_group(void* k, TF_OpKernelContext* ctx) {
                                  static_cast<size_t>(g.factor_rows * g.factor_elems) * item, g.factors_owner)) {
     api->release(labels_owner);
   } else if (set_adopted_output(ctx, 1, dtype, label_dims, 2, g.labels,
-                                static_cast<size_t>(g.label_rows * g.label_elems) * item, labels_owner)) {
-    set_start_rows(ctx, 2, g.rows);
+                                static_cast<size_t>(g.label_rows * g.label_elems) * item, labels_owner) &&
+             set_start_rows(ctx, 2, g.rows)) {
+    set_int64_output(ctx, 6, g.batch_ends, g.num_batches);
   }
   api->release(g.rows.owner);
+  api->release(g.batch_ends_owner);
 }
 
 // ---- Registration
@@ -258,7 +264,7 @@ void unknown_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
 struct OpSpec {
   const char* name;
   const char* inputs[3];
-  const char* outputs[6];
+  const char* outputs[7];
   const char* attr;
   void* (*create)(TF_OpKernelConstruction*);
   void (*compute)(void*, TF_OpKernelContext*);
@@ -307,7 +313,7 @@ const OpSpec kOps[] = {
      delete_plain},
     {"NpyfeedGroup",
      {"feed: int64", "epoch: int64", "group: int64"},
-     {"factors: T", "labels: T", "start: int64", "lo: int64", "hi: int64", "label: int64"},
+     {"factors: T", "labels: T", "start: int64", "lo: int64", "hi: int64", "label: int64", "batch_ends: int64"},
      "T: {half, bfloat16, float, double}",
      create_take,
      compute_group,

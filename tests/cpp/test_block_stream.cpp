@@ -23,6 +23,7 @@
 #include "npyfeed/common/errors.hpp"
 #include "npyfeed/gather/window_source.hpp"
 #include "npyfeed/index/index.hpp"
+#include "npyfeed/plan/epoch_plan.hpp"
 #include "npyfeed/stream/block_stream.hpp"
 #include "window_files.hpp"
 
@@ -49,7 +50,8 @@ BlockStream make_stream(const std::shared_ptr<WindowSource>& source, std::uint64
                         std::uint64_t epoch, std::size_t shards, std::size_t shard, std::size_t batch,
                         bool drop_remainder, std::size_t prefetch, std::size_t start_batch) {
   return BlockStream(source, group_samples_by_key(*source), plan_epoch(*source, budget, seed, epoch, shards, shard),
-                     budget, batch, drop_remainder, prefetch, start_batch);
+                     EpochSpec(Shuffle::kBlocks, seed, shards, shard, batch, drop_remainder, budget), prefetch,
+                     start_batch);
 }
 
 // The batches of a stream, as (x, y) floats, checked against a plain gather of the planned ids.

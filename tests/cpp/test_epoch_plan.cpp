@@ -92,6 +92,22 @@ TEST_CASE("epoch spec: one check of every argument, one batch count") {
   }
 }
 
+TEST_CASE("epoch spec: batch positions tile the epoch, batch_size each, the last what is left") {
+  for (std::uint64_t n : {0, 1, 9, 10, 11, 100}) {
+    for (bool drop : {false, true}) {
+      const EpochSpec spec(Shuffle::kGlobal, 0, 1, 0, 4, drop, 0);
+      std::uint64_t next = 0;
+      for (std::size_t b = 0; b < spec.num_batches(n); ++b) {
+        const auto [first, end] = spec.batch_positions(b, n);
+        CHECK_EQ(first, next);
+        CHECK_EQ(end - first, std::min<std::uint64_t>(4, n - first));
+        next = end;
+      }
+      CHECK_EQ(next, drop ? n / 4 * 4 : n);  // every sample once; dropped: the short remainder only
+    }
+  }
+}
+
 TEST_CASE("epoch plan: ids, take, the stream and order agree for every order kind") {
   TempDir dir;
   const Files files = write_files(dir);

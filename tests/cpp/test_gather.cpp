@@ -24,6 +24,7 @@
 #include "npyfeed/gather/gather.hpp"
 #include "npyfeed/gather/window_source.hpp"
 #include "npyfeed/index/index.hpp"
+#include "npyfeed/plan/epoch_plan.hpp"
 #include "npyfeed/stream/batch_stream.hpp"
 
 using namespace npyfeed;
@@ -577,7 +578,7 @@ TEST_CASE("BatchStream: batches in order, the remainder, read-ahead closed from 
   auto source = open_files(entries, files, options_for(ReadMode::kRead, 4));
   const std::vector<std::int64_t> order = all_ids_shuffled(entries.size());
   for (bool drop : {false, true}) {
-    BatchStream stream(source, order, 5, drop, 3, 1);
+    BatchStream stream(source, order, EpochSpec(Shuffle::kNone, 0, 1, 0, 5, drop, 0), 3, 1);
     CHECK_EQ(stream.num_batches(), drop ? entries.size() / 5 : (entries.size() + 4) / 5);
     std::size_t batch = 1;
     while (auto job = stream.next_job()) {
@@ -593,10 +594,10 @@ TEST_CASE("BatchStream: batches in order, the remainder, read-ahead closed from 
     }
     CHECK_EQ(batch, stream.num_batches());
   }
-  CHECK_THROWS(InvalidArgument, BatchStream(source, order, 0, false, 2, 0));
-  CHECK_THROWS(IndexOutOfRange, BatchStream(source, std::vector<std::int64_t>{0, 99}, 2, false, 2, 0));
+  const EpochSpec by_two(Shuffle::kNone, 0, 1, 0, 2, false, 0);
+  CHECK_THROWS(IndexOutOfRange, BatchStream(source, std::vector<std::int64_t>{0, 99}, by_two, 2, 0));
 
-  BatchStream stream(source, order, 2, false, 4, 0);
+  BatchStream stream(source, order, by_two, 4, 0);
   auto job = stream.next_job();
   REQUIRE(job != nullptr);
   std::thread closer([&] { stream.close(); });

@@ -303,7 +303,6 @@ std::shared_ptr<const DeviceRows::EpochGroups> DeviceRows::groups_of(std::uint64
   const std::vector<ShardBlock>& shard_blocks = out->blocks;
   const std::size_t num_batches = plan_->num_batches();
   const std::uint64_t size = plan_->shard_size();
-  const std::uint64_t batch = plan_->spec().batch_size;
   // The block holding shard position p: the first whose end is past it.
   auto block_of = [&](std::uint64_t p) {
     return static_cast<std::size_t>(std::upper_bound(shard_blocks.begin(), shard_blocks.end(), p,
@@ -312,9 +311,9 @@ std::shared_ptr<const DeviceRows::EpochGroups> DeviceRows::groups_of(std::uint64
   };
   std::vector<DeviceGroup>& groups = out->groups;
   for (std::size_t b = 0; b < num_batches; ++b) {
-    const std::uint64_t first = b * batch;
+    const auto [first, end] = plan_->spec().batch_positions(b, size);
     const std::size_t first_block = block_of(first);
-    const std::size_t last_block = block_of(std::min(first + batch, size) - 1);
+    const std::size_t last_block = block_of(end - 1);
     const bool straddles = first_block != last_block;
     // A group starts at every straddling batch, after one, and where the block changes.
     const bool starts = groups.empty() || straddles || groups.back().first_block != groups.back().last_block ||
@@ -336,7 +335,6 @@ std::uint64_t DeviceRows::streamed_epoch_bytes(std::uint64_t epoch) const {
   const auto epoch_groups = groups_of(epoch);
   const WindowSource& source = plan_->source();
   const auto window = static_cast<std::uint64_t>(source.options().window);
-  const std::uint64_t batch = plan_->spec().batch_size;
   std::uint64_t rows_x = 0, rows_y = 0;
   for (const DeviceGroup& g : epoch_groups->groups) {
     if (g.first_block == g.last_block) {
@@ -345,8 +343,8 @@ std::uint64_t DeviceRows::streamed_epoch_bytes(std::uint64_t epoch) const {
       rows_y += static_cast<std::uint64_t>(layout.label_zero) + 1;
     } else {
       // One batch: its samples' windows and label rows (the last batch may be smaller).
-      const std::uint64_t first = g.first_batch * batch;
-      const std::uint64_t n = std::min<std::uint64_t>(first + batch, plan_->shard_size()) - first;
+      const auto [first, end] = plan_->spec().batch_positions(g.first_batch, plan_->shard_size());
+      const std::uint64_t n = end - first;
       rows_x += n * window + 1;
       rows_y += n + 1;
     }
@@ -387,15 +385,14 @@ GroupUpload DeviceRows::group(std::uint64_t epoch, std::size_t index) const {
                           " groups");
   }
   const DeviceGroup& g = groups[index];
+  GroupUpload out;
   std::vector<std::int64_t> ids;
-  std::vector<std::size_t> batch_sizes;
   for (std::size_t b = g.first_batch; b < g.end_batch; ++b) {
     const std::vector<std::int64_t> one = plan_->ids(epoch, b);
     ids.insert(ids.end(), one.begin(), one.end());
-    batch_sizes.push_back(one.size());
+    out.batch_ends.push_back(static_cast<std::int64_t>(ids.size()));
   }
   plan_->source().check_ids(ids);
-  GroupUpload out;
   if (g.first_block == g.last_block) {
     const std::vector<std::uint32_t>& keys = epoch_groups->blocks.at(g.first_block).keys;
     out.rows = start_rows(ids, layout_of(keys));
@@ -418,8 +415,12 @@ GroupUpload DeviceRows::group(std::uint64_t epoch, std::size_t index) const {
     }
   }
   const WindowSource& source = plan_->source();
-  for (const std::size_t n : batch_sizes)
+  std::int64_t begin = 0;
+  for (const std::int64_t end : out.batch_ends) {
+    const auto n = static_cast<std::size_t>(end - begin);
     plan_->stats()->served(n, n * (source.x_sample_bytes() + source.y_sample_bytes()), 0, 0);
+    begin = end;
+  }
   return out;
 }
 

@@ -62,11 +62,14 @@ struct DeviceGroup {
   std::size_t last_block = 0;
 };
 
-/// A streamed group's upload and its samples' start rows, batch after batch.
+/// A streamed group's upload and its samples' start rows, batch after batch: batch i of the group is samples
+/// [batch_ends[i - 1] (0 for the first), batch_ends[i]) of `rows`, as many as the plan's batch holds (the
+/// epoch's last may be smaller).
 struct GroupUpload {
   HostRows factors;
   HostRows labels;
   StartRows rows;
+  std::vector<std::int64_t> batch_ends;
 };
 
 /// The host half of batches formed on a device, for the batches of `plan`. Thread-safe.

@@ -17,19 +17,6 @@ constexpr std::size_t kCachedBlocks = 2;
 
 }  // namespace
 
-Shuffle parse_shuffle(const std::string& name) {
-  if (name == "none") return Shuffle::kNone;
-  if (name == "global") return Shuffle::kGlobal;
-  if (name == "blocks") return Shuffle::kBlocks;
-  throw InvalidArgument("shuffle must be 'none', 'global' or 'blocks', got '" + name + "'");
-}
-
-ShardBy parse_shard_by(const std::string& name) {
-  if (name == "samples") return ShardBy::kSamples;
-  if (name == "keys") return ShardBy::kKeys;
-  throw InvalidArgument("shard_by must be 'samples' or 'keys', got '" + name + "'");
-}
-
 std::vector<std::uint32_t> shard_keys(const SamplesByKey& samples, std::size_t num_shards, std::size_t shard_index) {
   if (num_shards == 0 || shard_index >= num_shards) {
     throw InvalidArgument("shard_index must be in [0, " + std::to_string(num_shards) + "), got " +
@@ -50,40 +37,6 @@ std::vector<std::uint32_t> shard_keys(const SamplesByKey& samples, std::size_t n
   }
   std::sort(mine.begin(), mine.end());
   return mine;
-}
-
-EpochSpec::EpochSpec(Shuffle shuffle_, std::uint64_t seed_, std::size_t num_shards_, std::size_t shard_index_,
-                     std::size_t batch_size_, bool drop_remainder_, std::uint64_t memory_budget_, ShardBy shard_by_)
-    : shuffle(shuffle_),
-      seed(shuffle_ == Shuffle::kNone ? 0 : seed_),
-      num_shards(num_shards_),
-      shard_index(shard_index_),
-      batch_size(batch_size_),
-      drop_remainder(drop_remainder_),
-      memory_budget(shuffle_ == Shuffle::kBlocks ? memory_budget_ : 0),
-      shard_by(shard_by_) {
-  if (batch_size == 0) throw InvalidArgument("batch_size must be a positive integer, got 0");
-  if (num_shards == 0) throw InvalidArgument("num_shards must be a positive integer, got 0");
-  if (shard_index >= num_shards) {
-    throw InvalidArgument("shard_index must be in [0, " + std::to_string(num_shards) + "), got " +
-                          std::to_string(shard_index));
-  }
-  if (shuffle == Shuffle::kBlocks && memory_budget == 0) {
-    throw InvalidArgument("memory_budget must be a positive number of bytes, got 0");
-  }
-  if (shuffle == Shuffle::kBlocks && shard_by == ShardBy::kKeys) {
-    throw InvalidArgument(
-        "shard_by='keys' does not combine with shuffle='blocks': blocks already give each shard a contiguous run "
-        "of keys (a new one each epoch)");
-  }
-}
-
-std::size_t EpochSpec::shard_size(std::size_t n) const noexcept {
-  return n / num_shards + (shard_index < n % num_shards ? 1 : 0);
-}
-
-std::size_t EpochSpec::num_batches(std::size_t samples) const noexcept {
-  return drop_remainder ? samples / batch_size : samples / batch_size + (samples % batch_size != 0 ? 1 : 0);
 }
 
 EpochPlan::EpochPlan(std::shared_ptr<WindowSource> source, EpochSpec spec, std::size_t prefetch,
@@ -159,11 +112,14 @@ std::vector<std::int64_t> EpochPlan::ids(std::uint64_t epoch, std::size_t batch)
     throw IndexOutOfRange("batch " + std::to_string(batch) + " out of range for " + std::to_string(num_batches_) +
                           " batches per epoch");
   }
-  const std::size_t first = batch * spec_.batch_size;
-  if (spec_.shuffle != Shuffle::kBlocks) return computed_order(epoch).slice(first, spec_.batch_size);
+  if (spec_.shuffle != Shuffle::kBlocks) {
+    const auto [first, end] = spec_.batch_positions(batch, shard_size_);
+    return computed_order(epoch).slice(first, end - first);
+  }
   const std::shared_ptr<const BlockPlan> plan = block_plan(epoch);
+  const auto [first, last] = spec_.batch_positions(batch, plan->shard_size());
   const std::uint64_t begin = plan->first + first;
-  const std::uint64_t end = std::min<std::uint64_t>(begin + spec_.batch_size, plan->end);
+  const std::uint64_t end = plan->first + last;
   std::vector<std::int64_t> out;
   out.reserve(end - begin);
   for (std::uint64_t p = begin; p < end;) {
@@ -204,11 +160,11 @@ std::unique_ptr<EpochStream> EpochPlan::stream(std::uint64_t epoch, std::size_t 
                                                std::shared_ptr<const PageLocker> page_locker) const {
   source_->check_files_unchanged();
   if (spec_.shuffle == Shuffle::kBlocks) {
-    return std::make_unique<BlockStream>(source_, samples_, block_plan(epoch), spec_.memory_budget, spec_.batch_size,
-                                         spec_.drop_remainder, prefetch, start_batch, stats_, std::move(page_locker));
+    return std::make_unique<BlockStream>(source_, samples_, block_plan(epoch), spec_, prefetch, start_batch, stats_,
+                                         std::move(page_locker));
   }
-  return std::make_unique<BatchStream>(source_, computed_order(epoch), spec_.batch_size, spec_.drop_remainder, prefetch,
-                                       start_batch, stats_, std::move(page_locker));
+  return std::make_unique<BatchStream>(source_, computed_order(epoch), spec_, prefetch, start_batch, stats_,
+                                       std::move(page_locker));
 }
 
 EpochOrder EpochPlan::computed_order(std::uint64_t epoch) const {

@@ -2,24 +2,22 @@
 
 #include <algorithm>
 
-#include "npyfeed/common/errors.hpp"
 #include "npyfeed/gather/window_source.hpp"
 
 namespace npyfeed {
 
-BatchStream::BatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size,
-                         bool drop_remainder, std::size_t prefetch, std::size_t start_batch,
-                         std::shared_ptr<PipelineStats> stats, std::shared_ptr<const PageLocker> page_locker)
+BatchStream::BatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, const EpochSpec& spec,
+                         std::size_t prefetch, std::size_t start_batch, std::shared_ptr<PipelineStats> stats,
+                         std::shared_ptr<const PageLocker> page_locker)
     : source_(std::move(source)),
       order_(std::move(order)),
-      batch_size_(batch_size),
+      spec_(spec),
       prefetch_(std::max<std::size_t>(prefetch, 1)),
       buffers_(std::make_shared<BufferPool>(2 * (std::max<std::size_t>(prefetch, 1) + 2),
                                             std::function<std::uint64_t(std::size_t)>{}, std::move(page_locker))),
       stats_(stats ? std::move(stats) : source_->stats()) {
-  if (batch_size_ == 0) throw InvalidArgument("batch_size must be at least 1");
   if (const auto* ids = order_.explicit_ids()) source_->check_ids(*ids);
-  num_batches_ = drop_remainder ? order_.size() / batch_size_ : (order_.size() + batch_size_ - 1) / batch_size_;
+  num_batches_ = spec_.num_batches(order_.size());
   next_start_ = std::min(start_batch, num_batches_);
 }
 
@@ -27,8 +25,8 @@ BatchStream::~BatchStream() { close(); }
 
 void BatchStream::fill() {
   while (!closed_ && pending_.size() < prefetch_ && next_start_ < num_batches_) {
-    const std::size_t first = next_start_ * batch_size_;
-    std::vector<std::int64_t> ids = order_.slice(first, batch_size_);
+    const auto [first, end] = spec_.batch_positions(next_start_, order_.size());
+    std::vector<std::int64_t> ids = order_.slice(first, end - first);
     auto [batch, job] =
         source_->start_batch(shared_pool(0, source_->options().placement), std::move(ids), buffers_.get());
     pending_.push_back({std::move(job), std::move(batch)});

@@ -13,6 +13,7 @@
 #include "npyfeed/common/aligned_buffer.hpp"
 #include "npyfeed/common/thread_pool.hpp"
 #include "npyfeed/plan/epoch_order.hpp"
+#include "npyfeed/plan/epoch_spec.hpp"
 #include "npyfeed/stream/batch.hpp"
 #include "npyfeed/stream/pipeline_stats.hpp"
 
@@ -26,12 +27,13 @@ class WindowSource;  // window_source.hpp
 class BatchStream final : public EpochStream {
  public:
   using Batch = WindowBatch;
-  /// Throws InvalidArgument for a batch_size of 0, IndexOutOfRange for an explicit id outside the source.
-  /// A computed order must be over the source's samples (ids are made per batch, never all at once).
+  /// The batches of `order` as `spec` cuts them (its batch size and remainder: the plan's geometry, checked
+  /// when the spec was made). Throws IndexOutOfRange for an explicit id outside the source. A computed order
+  /// must be over the source's samples (ids are made per batch, never all at once).
   /// Batches taken are counted in `stats` (null: the source's). With `page_locker`, the batches' buffers are
   /// page-locked through it (BufferPool).
-  BatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, std::size_t batch_size, bool drop_remainder,
-              std::size_t prefetch, std::size_t start_batch, std::shared_ptr<PipelineStats> stats = nullptr,
+  BatchStream(std::shared_ptr<WindowSource> source, EpochOrder order, const EpochSpec& spec, std::size_t prefetch,
+              std::size_t start_batch, std::shared_ptr<PipelineStats> stats = nullptr,
               std::shared_ptr<const PageLocker> page_locker = nullptr);
   ~BatchStream() override;
   std::size_t num_batches() const noexcept override { return num_batches_; }
@@ -50,7 +52,7 @@ class BatchStream final : public EpochStream {
   void fill();
   std::shared_ptr<WindowSource> source_;
   EpochOrder order_;
-  std::size_t batch_size_;
+  EpochSpec spec_;  // the batch geometry
   std::size_t prefetch_;
   std::size_t num_batches_;
   std::size_t next_start_;  // next batch number to start

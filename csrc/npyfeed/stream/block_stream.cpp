@@ -82,30 +82,28 @@ std::shared_ptr<const SamplesByKey> group_samples_by_key(const WindowSource& sou
 }
 
 BlockStream::BlockStream(std::shared_ptr<WindowSource> source, std::shared_ptr<const SamplesByKey> samples,
-                         std::shared_ptr<const BlockPlan> plan, std::uint64_t memory_budget, std::size_t batch_size,
-                         bool drop_remainder, std::size_t prefetch, std::size_t start_batch,
-                         std::shared_ptr<PipelineStats> stats, std::shared_ptr<const PageLocker> page_locker)
+                         std::shared_ptr<const BlockPlan> plan, const EpochSpec& spec, std::size_t prefetch,
+                         std::size_t start_batch, std::shared_ptr<PipelineStats> stats,
+                         std::shared_ptr<const PageLocker> page_locker)
     : source_(std::move(source)),
       samples_(std::move(samples)),
       plan_(std::move(plan)),
-      memory_budget_(memory_budget),
-      batch_size_(batch_size),
+      spec_(spec),
       prefetch_(std::max<std::size_t>(prefetch, 1)),
       counters_(std::make_shared<Counters>()),
       buffers_(std::make_shared<BufferPool>(2 * (std::max<std::size_t>(prefetch, 1) + 2),
                                             std::function<std::uint64_t(std::size_t)>{}, std::move(page_locker))),
       stats_(stats ? std::move(stats) : source_->stats()) {
-  if (batch_size_ == 0) throw InvalidArgument("batch_size must be at least 1");
   // The files of a block let go go to the next blocks' reads: kept only while the blocks held (in data bytes)
   // and the buffers kept stay within the budget, with the allowance for each file's header and O_DIRECT
   // alignment that the blocks have (under 8 KiB a file).
   file_buffers_ =
-      std::make_shared<BufferPool>(SIZE_MAX, [counters = counters_, budget = memory_budget_](std::size_t buffers) {
+      std::make_shared<BufferPool>(SIZE_MAX, [counters = counters_, budget = spec_.memory_budget](std::size_t buffers) {
         const std::uint64_t held = counters->held.load();
         return (held < budget ? budget - held : std::uint64_t{0}) + kFileAllowance * buffers;
       });
   const std::uint64_t n = plan_->shard_size();
-  num_batches_ = drop_remainder ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
+  num_batches_ = spec_.num_batches(n);
   next_start_ = std::min(start_batch, num_batches_);
   if (next_start_ < num_batches_) {
     next_load_ = blocks_of_batch(next_start_).first;
@@ -116,9 +114,8 @@ BlockStream::BlockStream(std::shared_ptr<WindowSource> source, std::shared_ptr<c
 BlockStream::~BlockStream() { close(); }
 
 std::pair<std::size_t, std::size_t> BlockStream::blocks_of_batch(std::size_t batch) const {
-  const std::uint64_t first = plan_->first + static_cast<std::uint64_t>(batch) * batch_size_;
-  const std::uint64_t last = std::min<std::uint64_t>(first + batch_size_, plan_->end) - 1;
-  return {plan_->block_of(first), plan_->block_of(last)};
+  const auto [first, end] = spec_.batch_positions(batch, plan_->shard_size());
+  return {plan_->block_of(plan_->first + first), plan_->block_of(plan_->first + end - 1)};
 }
 
 BlockStream::Block* BlockStream::held_block(std::size_t index) {
@@ -187,7 +184,8 @@ void BlockStream::fill() {
   while (!closed_) {
     // Blocks that no batch still to start reads go (a gather in flight keeps its arrays until it ends).
     const std::uint64_t next_position =
-        next_start_ < num_batches_ ? plan_->first + static_cast<std::uint64_t>(next_start_) * batch_size_ : plan_->end;
+        next_start_ < num_batches_ ? plan_->first + spec_.batch_positions(next_start_, plan_->shard_size()).first
+                                   : plan_->end;
     while (!blocks_.empty() && plan_->block_begin[blocks_.front().index + 1] <= next_position) {
       // Its batches have all started, so its read has finished; waiting costs nothing and keeps that a rule.
       if (!blocks_.front().load->orphaned()) blocks_.front().load->wait_for(std::chrono::hours(24));
@@ -199,7 +197,7 @@ void BlockStream::fill() {
     while (next_load_ < last_block_) {
       // Over the budget only for a batch that alone needs more (no gather in flight holds older blocks then).
       const bool needed = next_start_ < num_batches_ && next_load_ <= needed_last && pending_.empty();
-      const bool fits = counters_->held.load() + plan_->block_bytes[next_load_] <= memory_budget_;
+      const bool fits = counters_->held.load() + plan_->block_bytes[next_load_] <= spec_.memory_budget;
       const bool reading = !blocks_.empty() && !blocks_.back().load->wait_for(std::chrono::milliseconds(0));
       if (!needed && (!fits || reading)) break;
       start_load(next_load_++);
@@ -211,8 +209,9 @@ void BlockStream::fill() {
       if (block == nullptr || !block->load->wait_for(std::chrono::milliseconds(0))) return;
       block->load->wait();  // rethrows a failed read
     }
-    const std::uint64_t first = plan_->first + static_cast<std::uint64_t>(next_start_) * batch_size_;
-    const std::uint64_t end = std::min<std::uint64_t>(first + batch_size_, plan_->end);
+    const auto [from, to] = spec_.batch_positions(next_start_, plan_->shard_size());
+    const std::uint64_t first = plan_->first + from;
+    const std::uint64_t end = plan_->first + to;
     std::vector<std::int64_t> ids;
     ids.reserve(end - first);
     for (std::size_t b = first_block; b <= last_block; ++b) {

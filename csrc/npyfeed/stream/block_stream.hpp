@@ -19,6 +19,7 @@
 #include "npyfeed/gather/gather.hpp"
 #include "npyfeed/io/array_reader.hpp"
 #include "npyfeed/plan/block_order.hpp"
+#include "npyfeed/plan/epoch_spec.hpp"
 #include "npyfeed/stream/batch.hpp"
 #include "npyfeed/stream/pipeline_stats.hpp"
 
@@ -59,13 +60,14 @@ class BlockStream final : public EpochStream {
  public:
   using Batch = WindowBatch;
   /// The batches of `plan` (one shard's blocks of one epoch, planned by plan_blocks over `samples` and
-  /// block_key_bytes(*source) with `memory_budget`), from batch `start_batch` on. Throws InvalidArgument for a
-  /// batch_size of 0. Batches taken and blocks read are counted in `stats` (null: the source's). With
-  /// `page_locker`, the batches' buffers are page-locked through it (BufferPool).
+  /// block_key_bytes(*source) with the memory budget of `spec`), as `spec` cuts them (its batch size and
+  /// remainder: the plan's geometry, checked when the spec was made), from batch `start_batch` on. Batches taken and
+  /// blocks read are counted in `stats` (null: the source's). With `page_locker`, the batches' buffers are page-locked
+  /// through it (BufferPool).
   BlockStream(std::shared_ptr<WindowSource> source, std::shared_ptr<const SamplesByKey> samples,
-              std::shared_ptr<const BlockPlan> plan, std::uint64_t memory_budget, std::size_t batch_size,
-              bool drop_remainder, std::size_t prefetch, std::size_t start_batch,
-              std::shared_ptr<PipelineStats> stats = nullptr, std::shared_ptr<const PageLocker> page_locker = nullptr);
+              std::shared_ptr<const BlockPlan> plan, const EpochSpec& spec, std::size_t prefetch,
+              std::size_t start_batch, std::shared_ptr<PipelineStats> stats = nullptr,
+              std::shared_ptr<const PageLocker> page_locker = nullptr);
   ~BlockStream() override;
   BlockStream(const BlockStream&) = delete;
   BlockStream& operator=(const BlockStream&) = delete;
@@ -114,8 +116,7 @@ class BlockStream final : public EpochStream {
   std::shared_ptr<WindowSource> source_;
   std::shared_ptr<const SamplesByKey> samples_;
   std::shared_ptr<const BlockPlan> plan_;
-  std::uint64_t memory_budget_;
-  std::size_t batch_size_;
+  EpochSpec spec_;  // the batch geometry and the memory budget
   std::size_t prefetch_;
   std::size_t num_batches_;
   std::size_t next_start_;  // next batch number to start

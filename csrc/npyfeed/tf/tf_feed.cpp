@@ -172,6 +172,10 @@ extern "C" int abi_group(int64_t id, uint64_t epoch, uint64_t index, NpyfeedTfGr
     out->label_elems = static_cast<int64_t>(g.labels.row_elems);
     out->storage = static_cast<int32_t>(device.storage());
     hand_over(std::move(g.rows), &out->rows);
+    auto ends = std::make_shared<const std::vector<std::int64_t>>(std::move(g.batch_ends));
+    out->batch_ends = ends->data();
+    out->num_batches = ends->size();
+    out->batch_ends_owner = own(std::move(ends));
     out->factors_owner = own(std::move(g.factors.buffer));
     out->labels_owner = own(std::move(g.labels.buffer));
     return static_cast<int>(kOk);

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define NPYFEED_TF_FEED_ABI_VERSION 4
+#define NPYFEED_TF_FEED_ABI_VERSION 5
 #define NPYFEED_TF_MAX_DIMS 32 /* numpy's limit on dimensions (NPY_MAXDIMS) */
 
 /* A batch: x and y are 64-byte aligned and owned by `owner` until release(owner). dims include the batch
@@ -52,7 +52,9 @@ typedef struct NpyfeedTfRows {
 } NpyfeedTfRows;
 
 /* gather="device", streamed: a group's upload, (rows, elems) arrays of the feed's storage type (64-byte aligned,
- * zero row last, each owned by its owner until release), and its samples' start rows. */
+ * zero row last, each owned by its owner until release), its samples' start rows, and where each of its batches
+ * ends in them: batch i is samples [batch_ends[i - 1] (0 for the first), batch_ends[i]) of `rows`, `num_batches`
+ * of them, owned by `batch_ends_owner` until release. */
 typedef struct NpyfeedTfGroup {
   void* factors;
   void* labels;
@@ -64,6 +66,9 @@ typedef struct NpyfeedTfGroup {
   void* factors_owner;
   void* labels_owner;
   NpyfeedTfRows rows;
+  const int64_t* batch_ends;
+  size_t num_batches;
+  void* batch_ends_owner;
 } NpyfeedTfGroup;
 
 typedef struct NpyfeedTfFeedApi {

@@ -239,7 +239,9 @@ class DeviceGather:
 
     def group(self, epoch, index):
         """Streamed, host half of group `index` of epoch `epoch`: its factor and label rows (zero row last) in
-        the storage dtype, and the start rows of its samples, batch after batch."""
+        the storage dtype, the start rows of its samples, batch after batch, and where each batch ends in them
+        (int64, one per batch: batch i is samples ``[ends[i - 1] or 0, ends[i])``, as many as the plan's batch
+        holds)."""
         factors, labels, *rows = self.host_rows.group(int(epoch), int(index))
         return (self._host(factors), self._host(labels), *rows)
 

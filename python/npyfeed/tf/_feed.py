@@ -147,8 +147,8 @@ class NativeFeed:
         return self._ops.npyfeed_num_groups(self._id, e, name="npyfeed_groups")
 
     def group(self, e, g, storage):
-        """``gather="device"``, streamed: group `g` of epoch `e`, its arrays in `storage` (adopted, no copy) and
-        its start rows."""
+        """``gather="device"``, streamed: group `g` of epoch `e`, its arrays in `storage` (adopted, no copy), its
+        start rows and the end of each of its batches in them (`_device.DeviceGather.group`)."""
         return self._ops.npyfeed_group(self._id, e, g, T=storage, name="npyfeed_group")
 
 
@@ -201,8 +201,9 @@ class FallbackFeed:
         return tf.numpy_function(self._on_device["num_groups"], [e], tf.int64, stateful=False, name="npyfeed_groups")
 
     def group(self, e, g, storage):
-        """``gather="device"``, streamed: group `g` of epoch `e`, its arrays in `storage` and its start rows."""
-        return tf.numpy_function(self._on_device["group"], [e, g], (storage, storage) + (tf.int64,) * 4,
+        """``gather="device"``, streamed: group `g` of epoch `e`, its arrays in `storage`, its start rows and the
+        end of each of its batches in them (`_device.DeviceGather.group`)."""
+        return tf.numpy_function(self._on_device["group"], [e, g], (storage, storage) + (tf.int64,) * 5,
                                  stateful=False, name="npyfeed_group")
 
 

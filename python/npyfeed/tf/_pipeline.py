@@ -143,7 +143,7 @@ def device_pipeline(src, plan, batch_size: int, drop_remainder: bool, epoch: int
     # The feed counts the passes' epochs and hands out the start rows and groups (native ops: no Python per step).
     feed, registration = _feed.open_feed(batches, epoch, spec.dtype, on_device)
     if on_device.streams:
-        per_epoch, finish = _device_streamed(feed, on_device, spec, batch_size, target)
+        per_epoch, finish = _device_streamed(feed, on_device, spec, target)
     else:
         per_epoch, finish = _epoch_positions(feed, len(batches)), _device_resident(feed, on_device, spec, target)
     # A streamed epoch's groups are uploaded in order: its passes start at an epoch's first batch only.
@@ -178,7 +178,7 @@ def _device_resident(feed, on_device, spec: _BatchSpec, target: str):
     return finish
 
 
-def _device_streamed(feed, on_device, spec: _BatchSpec, batch_size: int, target: str):
+def _device_streamed(feed, on_device, spec: _BatchSpec, target: str):
     """Arrays streamed to `target`: each epoch's groups of batches, each group uploaded once (the next while the
     current one is consumed), then its batches formed on `target`. Returns the positions of an epoch (its groups
     ``(e, g)``) and the pipeline over them."""
@@ -190,22 +190,19 @@ def _device_streamed(feed, on_device, spec: _BatchSpec, batch_size: int, target:
         return tf.data.Dataset.range(tf.ensure_shape(feed.num_groups(e), ())).map(lambda g: (e, g))
 
     def load_group(e, g):
-        # The group's upload (host arrays) and start rows.
+        # The group's upload (host arrays), start rows and the end of each of its batches in them.
         out = feed.group(e, g, on_device.storage)
-        shapes = [(None, on_device.x_elems), (None, on_device.y_elems)] + [(None,)] * 4
+        shapes = [(None, on_device.x_elems), (None, on_device.y_elems)] + [(None,)] * 5
         return tuple(tf.ensure_shape(t, s) for t, s in zip(out, shapes))
 
-    def group_batches(factors, labels, start, lo, hi, y_row):
-        # On the device: the group's batches, each one gather from the group's arrays.
-        n = tf.shape(start, out_type=tf.int64)[0]
-        size = tf.constant(batch_size, tf.int64)
+    def group_batches(factors, labels, start, lo, hi, y_row, ends):
+        # On the device: the group's batches, as the core cut them, each one gather from the group's arrays.
+        begins = tf.concat([tf.zeros([1], tf.int64), ends[:-1]], 0)
 
-        def one(i):
-            a = i * size
-            b = tf.minimum(a + size, n)
+        def one(a, b):
             return spec.ensure(*on_device.form(factors, labels, start[a:b], lo[a:b], hi[a:b], y_row[a:b]))
 
-        return tf.data.Dataset.range((n + size - 1) // size).map(one)
+        return tf.data.Dataset.from_tensor_slices((begins, ends)).map(one)
 
     def finish(groups, cardinality):
         ds = groups.map(load_group, num_parallel_calls=1, deterministic=True)
