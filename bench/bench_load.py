@@ -123,7 +123,7 @@ def measure_limits(ds, threads, quick, log):
     log("measuring limits: memory copy ...")
     limits["memcpy_1"] = common.memcpy_bandwidth(1, _copy_bytes(quick), repeats=2 if quick else 5)
     limits[f"memcpy_{threads}"] = common.memcpy_bandwidth(threads, _copy_bytes(quick), repeats=2 if quick else 5)
-    limits[f"fresh_copy_{threads}"] = common.fresh_copy_bandwidth(threads, ds.nbytes // ds.spec.files, ds.spec.files,
+    limits[f"fresh_copy_{threads}"] = common.measure.fresh_copy_bandwidth(threads, ds.nbytes // ds.spec.files, ds.spec.files,
                                                                   repeats=1)
     log("measuring limits: O_DIRECT sequential read ...")
     for t in sorted({1, threads, 4 * threads}):
@@ -131,7 +131,7 @@ def measure_limits(ds, threads, quick, log):
     limits[f"odirect_seq_fresh_{threads}"] = common.odirect_seq_bandwidth(ds.factor_paths, threads, fresh=True)
     log("measuring limits: page touch ...")
     common.warm(ds.factor_paths)
-    limits[f"page_touch_{threads}"] = common.page_touch_bandwidth(ds.factor_paths, threads)
+    limits[f"page_touch_{threads}"] = common.measure.page_touch_bandwidth(ds.factor_paths, threads)
     return limits
 
 
@@ -194,10 +194,10 @@ def main(argv=None) -> int:
                 limits[mem_limit_name] = _best(limits[mem_limit_name], common.memcpy_bandwidth(
                     threads, _copy_bytes(args.quick), repeats=2 if args.quick else 3))
                 fresh = f"fresh_copy_{threads}"
-                limits[fresh] = _best(limits[fresh], common.fresh_copy_bandwidth(
+                limits[fresh] = _best(limits[fresh], common.measure.fresh_copy_bandwidth(
                     threads, ds.nbytes // spec.files, spec.files, repeats=1))
                 touch = f"page_touch_{threads}"
-                limits[touch] = _best(limits[touch], common.page_touch_bandwidth(paths, threads))
+                limits[touch] = _best(limits[touch], common.measure.page_touch_bandwidth(paths, threads))
             else:
                 limits[disk_probe_name] = _best(limits[disk_probe_name],
                                                 common.odirect_seq_bandwidth(paths, threads))

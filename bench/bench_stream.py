@@ -49,14 +49,6 @@ MB = 1e6
 GIB = 1 << 30
 
 
-def _read_bytes() -> int:
-    with open("/proc/self/io") as f:
-        for line in f:
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    return 0
-
-
 def child(cfg: dict) -> dict:
     """One contender, in this (fresh) process."""
     import npyfeed
@@ -73,7 +65,7 @@ def child(cfg: dict) -> dict:
 
     sampler = threading.Thread(target=sample_memory, daemon=True)
     sampler.start()
-    io0 = _read_bytes()
+    io0 = common.read_bytes()
     cpu0 = sum(os.times()[:2])
     t0 = time.perf_counter()
     src = npyfeed.WindowSource(cfg["index"], cfg["factor_dir"], cfg["label_dir"], cfg["window"], mode=cfg["mode"],
@@ -93,7 +85,7 @@ def child(cfg: dict) -> dict:
         elapsed = time.perf_counter() - t1
         stats = it.stats()
     cpu = sum(os.times()[:2]) - cpu0
-    io = _read_bytes() - io0
+    io = common.read_bytes() - io0
     stop.set()
     sampler.join()
     return {"samples": samples, "samples_per_s": samples / elapsed, "first_batch_s": first, "open_s": t_open,

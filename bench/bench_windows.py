@@ -37,9 +37,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import npyfeed  # noqa: E402
-from npyfeed.bench import _baselines  # noqa: E402
+from npyfeed.bench import baselines  # noqa: E402
 
-TABLE_HEADER = ("contender", "src", "cache", "batches", "samples/s", "median", "1st ms", "cpu us/smp", "x (a)",
+TABLE_HEADER = ("contender", "src", "cache", "batches", "samples/s", "median", "1st ms", "cpu us/smp", "read B/smp", "x (a)",
                 "x (b)", "x (e)", "limit", "x limit", "x page-cache limit", "setup")
 USERS_PARALLEL_CALLS = 8  # the users' map(parser, num_parallel_calls=8) (README migration section)
 MAX_COLD_RESIDENCY = 0.02  # a cold measurement that finds more of the data cached than this is not cold
@@ -94,8 +94,8 @@ class Data:
             self.log("  setup: np.load loop into dicts (cold cache) ...")
             common.evict(self.paths)
             t0 = time.perf_counter()
-            factors = _baselines.load_factor_files({k: self.factor_path[k] for k in self.key_names})
-            labels = _baselines.load_factor_files({k: self.label_path[k] for k in self.key_names})
+            factors = baselines.load_factor_files({k: self.factor_path[k] for k in self.key_names})
+            labels = baselines.load_factor_files({k: self.label_path[k] for k in self.key_names})
             self.setup["dict"] = time.perf_counter() - t0
             self._dicts = (factors, labels)
         return self._dicts
@@ -281,7 +281,7 @@ class UsersNpLoad(TFPipeline):
     def open(self, data, batches, log):
         fdir = {k: os.path.dirname(p) for k, p in data.factor_path.items()}
         ldir = {k: os.path.dirname(p) for k, p in data.label_path.items()}
-        get_data_from_cache = _baselines.np_load_sample(fdir, ldir, data.window)  # the users' "advice" code
+        get_data_from_cache = baselines.np_load_sample(fdir, ldir, data.window)  # the users' "advice" code
         self.dataset = self.per_sample(data, data.ids(batches), get_data_from_cache)
         return self._run(batches)
 
@@ -297,7 +297,7 @@ class DictPerSample(TFPipeline):
     def open(self, data, batches, log):
         held = self.held
         held["factor_dict"], held["label_dict"] = data.dicts()
-        get_data_from_cache = _baselines.dict_sample(held, data.window)
+        get_data_from_cache = baselines.dict_sample(held, data.window)
         self.dataset = self.per_sample(data, data.ids(batches), get_data_from_cache)
         return self._run(batches)
 
@@ -750,6 +750,7 @@ class Result:
     rates: list = field(default_factory=list)  # samples/s per round
     cpu_us: list = field(default_factory=list)  # process CPU microseconds (user + system, all threads) per sample
     first_ms: list = field(default_factory=list)  # time to the first batch, ms
+    read_bytes: list = field(default_factory=list)  # bytes read from storage per sample (read-ahead included)
     residency: float = 0.0  # cold: largest page-cache residency of the data files seen just before a measurement
 
     @property
@@ -885,14 +886,14 @@ def run_dtype(args, dtype, tf, limits, log) -> tuple:
                         residency = max(residency, frac)
                         r.residency = max(r.residency, frac)
                 # Cold: the open is timed too (it reads headers, and label files in read/direct modes).
-                cpu0, t0 = _cpu_seconds(), time.perf_counter()
+                cpu0, t0, read0 = _cpu_seconds(), time.perf_counter(), common.read_bytes()
                 run = c.open(data, r.batches, log)
                 try:
                     if cache == "warm":
                         cpu0, t0 = _cpu_seconds(), time.perf_counter()
                     tally = run()
                     t_end = time.perf_counter()
-                    cpu = _cpu_seconds() - cpu0
+                    cpu, read = _cpu_seconds() - cpu0, common.read_bytes() - read0
                 finally:
                     del run  # its closure may hold mappings: drop it, or the next eviction cannot
                     c.close()
@@ -907,6 +908,7 @@ def run_dtype(args, dtype, tf, limits, log) -> tuple:
                 r.rates.append(rate)
                 r.first_ms.append((tally.t_first - t0) * 1e3)
                 r.cpu_us.append(cpu / tally.samples * 1e6)
+                r.read_bytes.append(read / tally.samples)
                 del tally
                 log(f"  {cache} round {rnd + 1}/{args.repeats}  {c.name:40s} {rate:12,.0f} samples/s "
                     f"(first batch {r.first_ms[-1]:,.0f} ms)")
@@ -1001,12 +1003,14 @@ def main(argv=None) -> int:
         vs_lim = r.best / lim if lim else None
         vs_cached = r.best / cached if cached else None
         rows.append([r.contender.name, r.dtype, r.cache, r.batches, f"{r.best:,.0f}", f"{r.median:,.0f}",
-                     f"{statistics.median(r.first_ms):,.0f}", f"{r.best_cpu_us:,.1f}", common.fmt(vs_a, ".1f", "x"),
+                     f"{statistics.median(r.first_ms):,.0f}", f"{r.best_cpu_us:,.1f}",
+                     f"{statistics.median(r.read_bytes):,.0f}", common.fmt(vs_a, ".1f", "x"),
                      common.fmt(vs_b, ".1f", "x"), common.fmt(vs_e, ".2f", "x"), lim_name, common.fmt(vs_lim, ".2f", "x"),
                      common.fmt(vs_cached, ".2f", "x"), setups.get((r.contender, r.dtype), "-")])
         results_json.append({"name": r.contender.name, "tag": r.contender.tag, "dtype": r.dtype, "cache": r.cache,
                              "batches": r.batches, "samples_per_s": r.rates, "cpu_us_per_sample": r.cpu_us,
-                             "first_batch_ms": r.first_ms, "best": r.best, "median": r.median,
+                             "first_batch_ms": r.first_ms, "read_bytes_per_sample": r.read_bytes, "best": r.best,
+                             "median": r.median,
                              "residency_before": r.residency if r.cache == "cold" else None,
                              "vs_a": vs_a, "vs_b": vs_b, "vs_e_mmap": vs_e, "limit": lim_name, "limit_samples_per_s": lim,
                              "vs_limit": vs_lim, "page_cache_limit": cached_name,
@@ -1042,13 +1046,14 @@ def main(argv=None) -> int:
                                  "-" if rate is None else f"{rate:,.0f}", f"{window_bytes[dtype]} B windows"])
     print(common.format_table(("limit", "GB/s", "samples/s", "per sample"), lim_rows, align="lrrl"))
     print()
-    print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrrrlrrl"))
+    print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrrrrlrrl"))
     print()
     print("samples/s = best round (median beside it); warm: counted from the first batch's arrival to the last "
           "batch's (steady state), cold: from the start (first batch included); 1st ms = median time to the first "
           "batch (pipeline start-up, once per epoch; cold: the open included); x (a) / x (e) = against (a) and (e) "
           "npyfeed mmap, same source dtype and cache; x (b) = against (b) warm, the users' common path; cpu us/smp = CPU time of this process (all threads: npyfeed's, TensorFlow's) per sample in "
-          "the best round; x limit = against the limit named (warm: memory copy of the float32 x output; cold: "
+          "the best round; read B/smp = bytes read from storage per sample (/proc/self/io, read-ahead included; "
+          "median round); x limit = against the limit named (warm: memory copy of the float32 x output; cold: "
           "O_DIRECT random reads of source windows, the best of the queue depths probed); x page-cache limit = "
           "against the same reads through the page cache, for the cold rows that read through it (all but "
           "direct). Cold = all data files evicted before each measurement (max "

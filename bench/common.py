@@ -1,16 +1,14 @@
-"""Shared helpers for the npyfeed benchmarks (bench_load.py, bench_windows.py).
-
-Everything a benchmark needs besides the contenders themselves:
+"""Shared helpers for the npyfeed benchmarks: everything a benchmark needs besides its contenders.
 
 * a data set in the users' layout (``<root>/<stock>/<split>/factor/<key>.npy`` of shape ``(T, F)``,
   ``.../label/<key>.npy`` of shape ``(T, L)`` and ``.../index.txt`` with lines ``feature_index,label_index,key``),
   generated once from a seeded RNG and reused while its parameters match;
-* page-cache control: eviction with ``posix_fadvise(DONTNEED)`` per file, warming, and a residency check;
-* the physical limits, measured in the same run: memory copy (1 and N threads, into recycled and into fresh
-  buffers) and the disk's O_DIRECT sequential and random read bandwidth, all without compiled code (eviction,
-  memory copy, the disk probes, the table printer and the machine facts live in ``npyfeed.bench._measure``, which
-  ``npyfeed bench`` shares; they are re-exported here);
-* repeat timing (best and median), a plain-text table printer and JSON output.
+* page-cache control: eviction with ``posix_fadvise(DONTNEED)`` per file, warming and a residency check (through
+  ``npyfeed.warm``), and the bytes a process read from storage;
+* the physical limits, measured in the same run (``npyfeed.bench.measure``, which ``npyfeed bench`` shares:
+  memory copy, into fresh buffers too, the disk's O_DIRECT sequential and random reads, the same reads through
+  the page cache; re-exported here with its table printer and machine facts);
+* repeat timing (best and median), fresh child processes for A/B runs, and JSON output.
 
 Units: GB = 1e9 bytes; bandwidths are bytes of array data per second.
 """
@@ -21,7 +19,6 @@ import argparse
 import ctypes
 import gc
 import json
-import mmap
 import os
 import shutil
 import statistics
@@ -38,17 +35,19 @@ import numpy as np
 from npyfeed._layout import index_text, write_index, write_key
 
 try:
-    from npyfeed.bench import _measure
-except ImportError:  # an install from before npyfeed.bench was a package: bench_ab.py's child of an older version
-    from npyfeed import _measure
+    from npyfeed.bench import measure
+except ImportError:  # bench_ab.py's child of an install from before npyfeed.bench.measure was public
+    try:
+        from npyfeed.bench import _measure as measure
+    except ImportError:
+        from npyfeed import _measure as measure
 
-# Re-exported for the benchmarks (_run_threads also serves the fresh-copy and page-touch probes below).
-DIRECT_ALIGN, GB, PAGE, RandomReadResult = _measure.DIRECT_ALIGN, _measure.GB, _measure.PAGE, _measure.RandomReadResult
-_run_threads, evict, format_table, fresh_buffer = (_measure._run_threads, _measure.evict, _measure.format_table,
-                                                   _measure.fresh_buffer)
-machine_info, memcpy_bandwidth = _measure.machine_info, _measure.memcpy_bandwidth
+# The physical-limit probes, page-cache eviction, the table printer and the machine facts, for the benchmarks.
+GB, PAGE, RandomReadResult = measure.GB, measure.PAGE, measure.RandomReadResult
+evict, format_table, machine_info = measure.evict, measure.format_table, measure.machine_info
+memcpy_bandwidth = measure.memcpy_bandwidth
 buffered_random_bandwidth, odirect_random_bandwidth, odirect_seq_bandwidth = (
-    _measure.buffered_random_bandwidth, _measure.odirect_random_bandwidth, _measure.odirect_seq_bandwidth)
+    measure.buffered_random_bandwidth, measure.odirect_random_bandwidth, measure.odirect_seq_bandwidth)
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_DATA_DIR = BENCH_DIR / "data"  # gitignored
@@ -197,6 +196,12 @@ def cached_fraction(paths: Sequence[str]) -> float:
     return report.resident_before / report.bytes if report.bytes else 0.0
 
 
+def read_bytes() -> int:
+    """Bytes this process has had read from storage (``read_bytes`` of /proc/self/io: read-ahead included)."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("read_bytes:")).split()[1])
+
+
 def fresh_pages_per_allocation() -> None:
     """Make every large allocation of this process come fresh from the kernel (as in a new training process).
 
@@ -220,58 +225,6 @@ def aligned_float32(shape: tuple) -> np.ndarray:
     raw = np.zeros(nbytes + 64, np.uint8)
     off = (-raw.ctypes.data) % 64
     return raw[off:off + nbytes].view(np.float32).reshape(shape)
-
-
-def fresh_copy_bandwidth(threads: int, buffer_bytes: int, count: int, repeats: int = 3) -> float:
-    """GB/s copying `count` buffers of `buffer_bytes` into fresh buffers (`fresh_buffer`), over `threads` threads.
-
-    What a loader that hands out new owned arrays pays at least: the copy plus the first-touch page faults of
-    each new buffer (page allocation, zeroing, page-table updates; in a VM also the hypervisor's share). Every
-    buffer is kept until the run ends, as a load keeps its arrays, so no run recycles its own pages.
-    """
-    n = max(1, buffer_bytes // 8)
-    src = np.ones(n, dtype=np.float64)
-    per_thread = [range(t, count, threads) for t in range(threads)]
-
-    def run() -> float:
-        kept: list = [[] for _ in range(threads)]
-
-        def work(t: int) -> None:
-            for _ in per_thread[t]:
-                buf = fresh_buffer(n * 8)
-                np.copyto(np.frombuffer(buf, dtype=np.float64, count=n), src)
-                kept[t].append(buf)
-
-        elapsed = _run_threads(threads, work)
-        for bufs in kept:
-            for b in bufs:
-                b.close()
-        return elapsed
-
-    best = min(run() for _ in range(repeats))
-    return count * n * 8 / best / GB
-
-
-def page_touch_bandwidth(paths: Sequence[str], threads: int) -> float:
-    """GB/s of mapping cached files and reading one byte per page, over `threads` threads.
-
-    The ceiling for populating mappings of files in the page cache (what ``load(mode="mmap", populate=True)``
-    does): one page-table fill per page and no copy. Warm the files first.
-    """
-    per_thread = [paths[t::threads] for t in range(threads)]
-
-    def work(t: int) -> None:
-        for path in per_thread[t]:
-            size = os.path.getsize(path)
-            if size == 0:
-                continue
-            with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
-                view = np.frombuffer(mm, dtype=np.uint8)
-                int(view[::PAGE].sum())  # a strided reduction: one touch per page, GIL released
-                del view
-
-    elapsed = _run_threads(threads, work)
-    return sum(os.path.getsize(p) for p in paths) / elapsed / GB
 
 
 # --------------------------------------------------------------------------------------------- timing

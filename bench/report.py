@@ -46,7 +46,12 @@ def _source(result: dict) -> str:
     elif isinstance(load, list):
         load = f"{load[0]} before, {load[1]} after"
     return (f"`{result.get('command', '?')}`, {result.get('date', 'date not recorded')}, "
-            f"{m.get('cpus', '?')} CPUs, load average {load}")
+            f"{m.get('cpus', '?')} CPUs{_cpu_model(m)}, load average {load}")
+
+
+def _cpu_model(machine: dict) -> str:
+    """" of <model>" where the result recorded the CPU's model (results from before it was recorded have none)."""
+    return f" of {machine['cpu']}" if machine.get("cpu") else ""
 
 
 def _targets(result: dict) -> list:
@@ -134,7 +139,7 @@ def render_figures(results_dir: Path) -> list:
             memory = f", {m['memory_bytes'] / 2**30:.0f} GiB" if m.get("memory_bytes") else ""
             out += [f"![{FIGURE_TITLES[name]}](../bench/results/{name})", "",
                     f"*{FIGURE_TITLES[name]}.* From `{result.get('command', '?')}`, "
-                    f"{result.get('date', 'date not recorded')}, {m.get('cpus', '?')} CPUs{memory}, "
+                    f"{result.get('date', 'date not recorded')}, {m.get('cpus', '?')} CPUs{_cpu_model(m)}{memory}, "
                     f"kernel {m.get('kernel', '?')}, Python {m.get('python', '?')}, numpy {m.get('numpy', '?')}.", ""]
     return out
 

@@ -114,16 +114,6 @@ def test_bench_stream_quick(tmp_path):
     assert result["results"]["cold blocks direct"]["stats"]["blocks_read"] > 0
 
 
-def test_bench_read_path_quick(tmp_path):
-    out = tmp_path / "read_path.json"
-    proc = run_bench("bench_read_path.py", tmp_path, "--json", str(out))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(out.read_text())
-    for mode in ("read", "direct"):
-        s = result["summary"][mode]
-        assert s["samples_per_s"] > 0 and s["cpu_us_per_sample"] > 0 and s["read_bytes_per_sample"] >= 0, s
-
-
 def test_bench_shuffle_quality_quick():
     proc = subprocess.run([sys.executable, str(BENCH_DIR / "bench_shuffle_quality.py"), "--quick"],
                           capture_output=True, text=True, timeout=120)

@@ -35,3 +35,8 @@ def test_bench_windows_quick(tmp_path):
             assert r["page_cache_limit"].startswith("buffered rand read qd")
             assert r["vs_page_cache_limit"] == pytest.approx(r["best"] / r["page_cache_limit_samples_per_s"])
     assert any(t["target"].startswith("(e) mmap cold vs buffered rand read") for t in result["targets"])
+    # Bytes read from storage per sample, one figure a round: a cold row (its files evicted) reads its windows.
+    for r in result["results"]:
+        assert len(r["read_bytes_per_sample"]) == len(r["samples_per_s"]), r
+        if r["cache"] == "cold" and r["residency_before"] <= 0.02:
+            assert min(r["read_bytes_per_sample"]) > 0, r

@@ -20,8 +20,8 @@ import npyfeed
 import numpy as np
 import pytest
 from npyfeed import _core, _layout, bench, cli
-from npyfeed.bench import _measure
 from npyfeed.bench import _run as _bench_run
+from npyfeed.bench import measure
 
 KEYS, ROWS, COLS, LABELS, W, B = 10, 300, 8, 2, 20, 32
 HAVE_TF = importlib.util.find_spec("tensorflow") is not None
@@ -73,7 +73,7 @@ def data_files(factor_dir, label_dir) -> list:
 
 def drop_works(paths) -> bool:
     """Whether this filesystem lets posix_fadvise(DONTNEED) drop these files (tmpfs does not)."""
-    _measure.evict(paths)
+    measure.evict(paths)
     dropped = residency(paths) <= bench.MAX_COLD_RESIDENCY
     npyfeed.warm(paths, lock=False)
     return dropped
@@ -395,7 +395,7 @@ def quick(data, **kw):
 def test_cold_rows_are_skipped_when_the_cache_cannot_be_dropped(data, monkeypatch):
     files = data_files(data["factor_dir"], data["label_dir"])
     npyfeed.warm(files, lock=False)
-    monkeypatch.setattr(_measure, "evict", lambda paths: None)  # posix_fadvise that drops nothing
+    monkeypatch.setattr(measure, "evict", lambda paths: None)  # posix_fadvise that drops nothing
     report = quick(data)
     rows = {(r.name, r.cache): r for r in report.rows}
     for name in ('npyfeed mode="mmap"', 'npyfeed mode="read"', bench.BLOCKS_ROW):
@@ -409,7 +409,7 @@ def test_cold_rows_are_skipped_when_the_cache_cannot_be_dropped(data, monkeypatc
 
 
 def test_no_cold_leaves_the_page_cache_alone(data, monkeypatch):
-    monkeypatch.setattr(_measure, "evict", lambda paths: pytest.fail("evicted with cold=False"))
+    monkeypatch.setattr(measure, "evict", lambda paths: pytest.fail("evicted with cold=False"))
     report = quick(data, cold=False)
     assert {r.cache for r in report.rows} == {"warm"}
     assert not {"disk_seq", "disk_random"} & set(report.limits)
@@ -581,9 +581,9 @@ def test_the_random_read_probes_report_files_smaller_than_a_block_as_nothing_to_
     for name, array in (("big", np.arange(64 * 1024, dtype=np.float32)), ("tiny", np.zeros(10, np.float32))):
         np.save(tmp_path / f"{name}.npy", array)
         paths.append(str(tmp_path / f"{name}.npy"))
-    buffered = _measure.buffered_random_bandwidth(paths, 2, block=8192, reads=64, seed=5)
+    buffered = measure.buffered_random_bandwidth(paths, 2, block=8192, reads=64, seed=5)
     assert (buffered.reads, buffered.block) == (64, 8192) and buffered.gbps > 0
-    direct = _measure.odirect_random_bandwidth(paths, 2, block=8192, reads=64, seed=5)
+    direct = measure.odirect_random_bandwidth(paths, 2, block=8192, reads=64, seed=5)
     assert direct is None or (direct.reads, direct.block) == (64, 8192)  # None: O_DIRECT refused here
-    assert _measure.buffered_random_bandwidth(paths[1:], 2) is None
-    assert _measure.odirect_random_bandwidth(paths[1:], 2) is None
+    assert measure.buffered_random_bandwidth(paths[1:], 2) is None
+    assert measure.odirect_random_bandwidth(paths[1:], 2) is None

@@ -14,7 +14,7 @@ import sys
 import npyfeed
 import numpy as np
 import pytest
-from npyfeed.bench import _measure
+from npyfeed.bench import measure
 from windows_data import check_epoch, open_source, write_dataset
 
 ROWS, COLS, WINDOW = 4_000, 64, 8  # 1 MB factor files: each batch's windows lie far apart
@@ -39,7 +39,7 @@ def data_files(ds):
 
 def make_cold(ds) -> None:
     files = data_files(ds)
-    _measure.evict(files)
+    measure.evict(files)
     report = npyfeed.warm(files, check=True, lock=False)
     if report.resident_after > report.bytes // 10:
         pytest.skip(f"this filesystem keeps the files cached ({report.resident_after} of {report.bytes} bytes)")

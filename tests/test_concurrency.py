@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import npyfeed
 import numpy as np
 import pytest
-from npyfeed.bench._measure import evict
+from npyfeed.bench.measure import evict
 
 MiB = 1 << 20
 FILES = 8

@@ -21,14 +21,14 @@ from pathlib import Path
 import npyfeed
 import numpy as np
 import pytest
-from npyfeed.bench import _measure
+from npyfeed.bench import measure
 from npyfeed.cli import main as cli_main
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def _evict(path) -> None:
-    _measure.evict([path])
+    measure.evict([path])
 
 
 def _resident_pages(path) -> tuple:

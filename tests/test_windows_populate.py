@@ -19,7 +19,7 @@ import time
 import npyfeed
 import numpy as np
 import pytest
-from npyfeed.bench import _measure
+from npyfeed.bench import measure
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps and MADV_POPULATE_READ: Linux")
 
@@ -79,7 +79,7 @@ def warm(d):
 
 
 def evict(path):
-    _measure.evict([path])
+    measure.evict([path])
 
 
 def wait_for(predicate) -> bool:

@@ -13,6 +13,9 @@ data's folders: the index is parsed in memory (no compiled-index cache), a sampl
 folder that is removed afterwards, and the files that were in the page cache before are read back into it at the
 end, so that a training job on the same node is not slowed by the cold measurements.
 
+Its measuring tools are public for scripts of one's own: `npyfeed.bench.measure` (the machine's limits, page-cache
+eviction) and `npyfeed.bench.baselines` (the users' own loaders), which the repository's benchmarks share.
+
 This module imports only numpy and npyfeed; TensorFlow is imported by the ``npyfeed.tf.dataset`` row only, and
 matplotlib by `BenchReport.plot` only.
 """

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..loading import _fspath
 from ..plan import DEFAULT_MEMORY_BUDGET
-from . import _measure
+from . import measure
 from ._text import _bytes, _fmt, _wrap
 
 #: Bytes of files (factor and label) measured by default when a data set is larger: its keys are sampled.
@@ -219,14 +219,14 @@ class BenchReport:
             shown = "-" if lim is None else lim.name if wide else r.limit
             rows.append([r.name, r.cache, f"{r.batches:,}", f"{r.samples_per_s:,.0f}", _fmt(r.gbps, ".2f"),
                          _fmt(r.vs_iterator, ".2f", "x"), shown, _fmt(r.vs_limit, ".2f", "x"), note(r.note)])
-        out.append(_measure.format_table(("row", "cache", "batches", "samples/s", "GB/s", "x iter", "limit",
+        out.append(measure.format_table(("row", "cache", "batches", "samples/s", "GB/s", "x iter", "limit",
                                           "x limit", "note"), rows, align="llrrrrlrl"))
         out += notes_since(1)
         out.append("")
         first = len(footnotes) + 1
         lims = [[v.name, k, _fmt(v.gbps, ".2f"), _fmt(v.samples_per_s, ",.0f"), note(v.note)]
                 for k, v in self.limits.items()]
-        out.append(_measure.format_table(("limit", "key", "GB/s", "samples/s", "note"), lims, align="llrrl"))
+        out.append(measure.format_table(("limit", "key", "GB/s", "samples/s", "note"), lims, align="llrrl"))
         out += notes_since(first)
         if self.notes:
             out += ["", "notes:"] + [_wrap(f"  * {n}", width, indent=4) for n in self.notes]

@@ -20,7 +20,7 @@ from .._resources import available_memory
 from ..loading import _native, read_header
 from ..plan import DEFAULT_MEMORY_BUDGET
 from ..windows import WindowSource
-from . import _baselines, _measure
+from . import baselines, measure
 from ._report import (
     BLOCKS_ROW,
     DICT_BYTES,
@@ -137,24 +137,24 @@ class Bench:
         self._warm_rows()
 
     def _copy_limits(self) -> None:
-        node = _measure.machine_info()["cpus"]
+        node = measure.machine_info()["cpus"]
         # 64 MB per thread (well past the CPU caches), at most 2 GB of buffers on a large node; best of 5.
         per = max(8 << 20, min(64 << 20, (1 << 30) // max(node, self.threads)))
-        one = _measure.memcpy_bandwidth(1, per, repeats=5)
-        many = one if self.threads == 1 else _measure.memcpy_bandwidth(self.threads, per, repeats=5)
+        one = measure.memcpy_bandwidth(1, per, repeats=5)
+        many = one if self.threads == 1 else measure.memcpy_bandwidth(self.threads, per, repeats=5)
         self._limit("copy_1", "memory copy, 1 thread", one, self.out_bytes)
         self._limit("copy", f"memory copy, {self.threads} threads", many, self.out_bytes)
         if node != self.threads:  # the node's figure, which its processes share
-            every = one if node == 1 else _measure.memcpy_bandwidth(node, per, repeats=5)
+            every = one if node == 1 else measure.memcpy_bandwidth(node, per, repeats=5)
             self._limit("copy_node", f"memory copy, {node} threads (every CPU)", every, self.out_bytes)
 
     def _limit(self, key: str, name: str, gbps, bytes_per_sample: float, note: str = "") -> None:
-        rate = None if gbps is None else gbps * _measure.GB / bytes_per_sample
+        rate = None if gbps is None else gbps * measure.GB / bytes_per_sample
         self.limits[key] = Limit(name, gbps, rate, note)
 
     def _drop(self) -> float:
         """Drop the sampled files from the page cache; the fraction of their bytes still there."""
-        _measure.evict(self.files)
+        measure.evict(self.files)
         sizes, _ = _core.warm_files([_native(p) for p in self.files], self.threads, False, None)
         total = sum(s for s, _, _ in sizes)
         return sum(b for _, b, _ in sizes) / total if total else 0.0
@@ -168,7 +168,7 @@ class Bench:
             total += os.path.getsize(p)
             if total >= 512 << 20:
                 break
-        seq = _measure.odirect_seq_bandwidth(seq_files, self.threads)
+        seq = measure.odirect_seq_bandwidth(seq_files, self.threads)
         per_sample_file = self.data["bytes"] / self.data["samples"]
         self._limit("disk_seq", "disk sequential read (O_DIRECT)", seq, per_sample_file,
                     f"whole files, {self.threads} threads; {_bytes(per_sample_file)} of files per sample"
@@ -176,7 +176,7 @@ class Bench:
         self.steps.next("disk random read")
         block = self.window * self.row_bytes
         # 4 reads in flight per thread (mode="direct"'s) and 16 (a cold batch's read-ahead hints): the best counts.
-        probes = [_measure.odirect_random_bandwidth(factor_files, depth * self.threads, block=block, reads=1000,
+        probes = [measure.odirect_random_bandwidth(factor_files, depth * self.threads, block=block, reads=1000,
                                                     seed=self.seed) for depth in (4, 16)]
         rand = max((p for p in probes if p is not None), key=lambda p: p.gbps, default=None)
         self._limit("disk_random", f"disk random read, {_bytes(block)} (O_DIRECT)",
@@ -184,7 +184,7 @@ class Bench:
                     f"one window per read, best of 4 and 16 in flight per thread ({rand.threads})" if rand else
                     "O_DIRECT refused by this filesystem")
         # The same reads through the page cache: the limit of the modes that read through it ("mmap", "read").
-        probes = [_measure.buffered_random_bandwidth(factor_files, depth * self.threads, block=block, reads=1000,
+        probes = [measure.buffered_random_bandwidth(factor_files, depth * self.threads, block=block, reads=1000,
                                                      seed=self.seed) for depth in (4, 16)]
         cached = max((p for p in probes if p is not None), key=lambda p: p.gbps, default=None)
         # Where the files stay cached (tmpfs, mapped elsewhere), those reads measured memory, not a disk.
@@ -305,11 +305,11 @@ class Bench:
         if len(ids) < 2 * self.batch_size:
             take, ids = nkeys, self.order[:1 << 18]
         t0 = time.perf_counter()
-        held = {"factor_dict": _baselines.load_factor_files({self.keys[k]: self.files[k] for k in range(take)}),
-                "label_dict": _baselines.load_factor_files({self.keys[k]: self.files[nkeys + k] for k in range(take)})}
+        held = {"factor_dict": baselines.load_factor_files({self.keys[k]: self.files[k] for k in range(take)}),
+                "label_dict": baselines.load_factor_files({self.keys[k]: self.files[nkeys + k] for k in range(take)})}
         load = time.perf_counter() - t0
         lines = self._lines(ids)
-        row = self._time(DICT_ROW, "warm", self._python_batches(_baselines.dict_sample(held, self.window), lines),
+        row = self._time(DICT_ROW, "warm", self._python_batches(baselines.dict_sample(held, self.window), lines),
                          self.seconds, None, f"all {len(lines):,} samples it was given")
         every = load * self.data["keys"] / take
         row.note = _join(row.note, f"{take} keys np.load-ed in {load:.2f} s: {every:,.1f} s and "
@@ -318,7 +318,7 @@ class Bench:
 
     def _np_load_row(self) -> Row:
         dirs = dict.fromkeys(self.keys, self.factor_dir), dict.fromkeys(self.keys, self.label_dir)
-        fn = _baselines.np_load_sample(dirs[0], dirs[1], self.window)
+        fn = baselines.np_load_sample(dirs[0], dirs[1], self.window)
         lines = self._lines(self.order[:1 << 14])
         return self._time(NP_LOAD_ROW, "warm", self._python_batches(fn, lines), self.seconds, None,
                           f"all {len(lines):,} samples it was given")
@@ -348,7 +348,7 @@ class Bench:
         self.steps.close()
 
     def report(self, processes: int) -> BenchReport:
-        machine = _measure.machine_info()
+        machine = measure.machine_info()
         machine["memory_available"] = available_memory()
         machine["npyfeed"] = __version__
         try:
@@ -360,7 +360,7 @@ class Bench:
         for r in self.rows:
             if r.samples_per_s is None:
                 continue
-            r.gbps = r.samples_per_s * self.out_bytes / _measure.GB
+            r.gbps = r.samples_per_s * self.out_bytes / measure.GB
             r.vs_iterator = r.samples_per_s / ref[r.cache] if r.cache in ref else None
             r.limit = self._row_limit(r)
             lim = self.limits.get(r.limit)

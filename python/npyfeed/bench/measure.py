@@ -1,6 +1,7 @@
-"""The physical limits of this machine, measured without compiled code: memory copy, the disk's O_DIRECT
-sequential and random reads, the same random reads through the page cache; and the page-cache eviction they rely
-on (``posix_fadvise(DONTNEED)``).
+"""The physical limits of this machine, measured without compiled code: memory copy (into recycled and into fresh
+buffers), mapping cached files, the disk's O_DIRECT sequential and random reads, the same random reads through the
+page cache; the page-cache eviction they rely on (``posix_fadvise(DONTNEED)``), the machine's facts and a table
+printer.
 
 `npyfeed bench` (`npyfeed.bench`) and the repository's benchmarks (``bench/common.py`` re-exports these) measure
 the limits beside their contenders in the same run. Units: GB = 1e9 bytes; bandwidths are bytes per second.
@@ -215,6 +216,58 @@ def _random_read_bandwidth(paths: Sequence[str], threads: int, block: int, reads
         for b in bufs:
             b.close()
     return RandomReadResult(reads * block / elapsed / GB, reads / elapsed, block, reads, threads)
+
+
+def fresh_copy_bandwidth(threads: int, buffer_bytes: int, count: int, repeats: int = 3) -> float:
+    """GB/s copying `count` buffers of `buffer_bytes` into fresh buffers (`fresh_buffer`), over `threads` threads.
+
+    What a loader that hands out new owned arrays pays at least: the copy plus the first-touch page faults of
+    each new buffer (page allocation, zeroing, page-table updates; in a VM also the hypervisor's share). Every
+    buffer is kept until the run ends, as a load keeps its arrays, so no run recycles its own pages.
+    """
+    n = max(1, buffer_bytes // 8)
+    src = np.ones(n, dtype=np.float64)
+    per_thread = [range(t, count, threads) for t in range(threads)]
+
+    def run() -> float:
+        kept: list = [[] for _ in range(threads)]
+
+        def work(t: int) -> None:
+            for _ in per_thread[t]:
+                buf = fresh_buffer(n * 8)
+                np.copyto(np.frombuffer(buf, dtype=np.float64, count=n), src)
+                kept[t].append(buf)
+
+        elapsed = _run_threads(threads, work)
+        for bufs in kept:
+            for b in bufs:
+                b.close()
+        return elapsed
+
+    best = min(run() for _ in range(repeats))
+    return count * n * 8 / best / GB
+
+
+def page_touch_bandwidth(paths: Sequence[str], threads: int) -> float:
+    """GB/s of mapping cached files and reading one byte per page, over `threads` threads.
+
+    The ceiling for populating mappings of files in the page cache (what ``load(mode="mmap", populate=True)``
+    does): one page-table fill per page and no copy. Warm the files first.
+    """
+    per_thread = [paths[t::threads] for t in range(threads)]
+
+    def work(t: int) -> None:
+        for path in per_thread[t]:
+            size = os.path.getsize(path)
+            if size == 0:
+                continue
+            with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
+                view = np.frombuffer(mm, dtype=np.uint8)
+                int(view[::PAGE].sum())  # a strided reduction: one touch per page, GIL released
+                del view
+
+    elapsed = _run_threads(threads, work)
+    return sum(os.path.getsize(p) for p in paths) / elapsed / GB
 
 
 # ---------------------------------------------------------------------------------------- output
