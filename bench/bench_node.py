@@ -214,9 +214,8 @@ def main(argv=None) -> int:
     payload["runs"]["npyfeed"] = {"results": results, "summary": summary}
     if args.users:
         needed = args.procs * data_bytes * 1.1
-        from npyfeed._resources import available_memory  # MemAvailable, or a cgroup's limit where lower
 
-        available = available_memory() or 0
+        available = common.measure.available_memory() or 0
         if needed > 0.7 * available:
             print(f"\nusers' dict way: skipped, {args.procs} copies need {needed / 1e9:.1f} GB of the "
                   f"{available / 1e9:.1f} GB available (what swaps or gets killed on their node)")

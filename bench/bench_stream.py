@@ -251,9 +251,8 @@ def _ratio(results: dict, name: str) -> float | None:
 
 
 def _available() -> int:
-    from npyfeed._resources import available_memory
 
-    return available_memory() or 1
+    return common.measure.available_memory() or 1
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from typing import Callable
 
 import npyfeed
 import numpy as np
-from npyfeed._layout import index_text, write_index, write_key
 
 try:
     from npyfeed.bench import measure
@@ -131,7 +130,7 @@ def _random_array(rng: np.random.Generator, shape: tuple, dtype: np.dtype) -> np
     raise ValueError(f"unsupported benchmark dtype {dtype}")
 
 
-def _save_durably(path: Path, array: np.ndarray) -> None:
+def _save_durably(path: str, array: np.ndarray) -> None:
     """np.save, then fsync (dirty pages cannot be evicted) and drop the file from the page cache."""
     with open(path, "wb") as f:
         np.save(f, array, allow_pickle=False)
@@ -169,14 +168,17 @@ def make_dataset(parent: str | os.PathLike, spec: DataSpec, *, log: Callable[[st
     window = max(1, min(spec.window, spec.rows))
     feature_rows = np.arange(window - 1, spec.rows, max(1, spec.index_stride))
     index_lines: dict = {}
-    for key, factor in zip(ds.keys, ds.factor_paths):
-        base = Path(factor).parent.parent  # <root>/<stock>/<split>
-        factor_array = _random_array(rng, (spec.rows, spec.cols), dtype)
-        write_key(base, key, factor_array, _random_array(rng, (spec.rows, spec.label_cols), dtype), save=_save_durably)
-        lines = index_text((r, r, key) for r in feature_rows.tolist())
-        index_lines.setdefault(str(base / "index.txt"), []).append(lines)
+    for key, factor, label in zip(ds.keys, ds.factor_paths, ds.label_paths):
+        for path, cols in ((factor, spec.cols), (label, spec.label_cols)):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            _save_durably(path, _random_array(rng, (spec.rows, cols), dtype))
+        index = str(Path(factor).parent.parent / "index.txt")  # <root>/<stock>/<split>/index.txt
+        index_lines.setdefault(index, []).append("".join(f"{r},{r},{key}\n" for r in feature_rows.tolist()))
     for path in ds.index_paths:
-        write_index(path, "".join(index_lines.get(path, [])), sync=True)
+        with open(path, "w") as f:
+            f.write("".join(index_lines.get(path, [])))
+            f.flush()
+            os.fsync(f.fileno())
     manifest.write_text(json.dumps(asdict(spec), indent=1))
     log(f"  done in {time.perf_counter() - t0:.1f} s")
     return ds

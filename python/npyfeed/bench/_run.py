@@ -16,7 +16,6 @@ import numpy as np
 
 from .. import __version__, _core
 from .._layout import index_text, write_index
-from .._resources import available_memory
 from ..loading import _native, read_header
 from ..plan import DEFAULT_MEMORY_BUDGET
 from ..windows import WindowSource
@@ -349,7 +348,7 @@ class Bench:
 
     def report(self, processes: int) -> BenchReport:
         machine = measure.machine_info()
-        machine["memory_available"] = available_memory()
+        machine["memory_available"] = measure.available_memory()
         machine["npyfeed"] = __version__
         try:
             machine["load"] = f"{os.getloadavg()[0]:.1f}"

@@ -21,6 +21,13 @@ from typing import Callable
 
 import numpy as np
 
+from .._resources import available_memory  # a machine fact the benchmarks report: MemAvailable, or a cgroup's limit
+
+__all__ = ["GB", "PAGE", "DIRECT_ALIGN", "evict", "memcpy_bandwidth", "fresh_buffer", "fresh_copy_bandwidth",
+           "page_touch_bandwidth", "odirect_seq_bandwidth", "RandomReadResult", "odirect_random_bandwidth",
+           "buffered_random_bandwidth", "format_table", "machine_info", "available_memory", "cpu_model",
+           "last_level_cache_bytes"]
+
 GB = 1e9
 PAGE = mmap.PAGESIZE
 DIRECT_ALIGN = 4096  # O_DIRECT alignment used by the limit probes (what every Linux block device accepts)
