@@ -41,49 +41,59 @@ from npyfeed.bench import baselines  # noqa: E402
 
 TABLE_HEADER = ("contender", "src", "cache", "batches", "samples/s", "median", "1st ms", "cpu us/smp", "read B/smp", "x (a)",
                 "x (b)", "x (e)", "limit", "x limit", "x page-cache limit", "setup")
+OPTION_HEADER = ("option", "src", "plain samples/s", "samples/s", "median", "x plain", "plain cpu us", "cpu us",
+                 "cpu x plain", "needed", "status", "status (cpu)")
 USERS_PARALLEL_CALLS = 8  # the users' map(parser, num_parallel_calls=8) (README migration section)
 MAX_COLD_RESIDENCY = 0.02  # a cold measurement that finds more of the data cached than this is not cold
 DEFAULT_WINDOW = common.DataSpec.window  # data sets generated for this window are shared with bench_load.py
+PRELOAD_TEXT = {"dict": "np.load {:.1f} s cold", "stack": "stack {:.1f} s", "tf_tensor": "tensor {:.1f} s"}
 
 
 # ------------------------------------------------------------------------------------------- the data
 
 
-@dataclass
+def _check_count(src, samples: int) -> None:
+    if len(src) != samples:
+        raise SystemExit(f"npyfeed sees {len(src)} samples, the index parsed here {samples}")
+
+
 class Data:
     """One source dtype's data set, its index as parsed here (independently of npyfeed) and shared state."""
 
-    ds: common.DataSet
-    window: int
-    batch: int
-    threads: int
-    seed: int
-    factor_dir: str  # one folder holding every key (symlinks into the per-stock folders)
-    label_dir: str
-    key_names: list  # per key id
-    key_id: np.ndarray  # per sample, in index order (= npyfeed sample id with bounds="error")
-    feature_index: np.ndarray
-    label_index: np.ndarray
-    lines: np.ndarray  # per sample, the index line as bytes (what the users' numpy_function receives)
-    order: np.ndarray  # the shuffled epoch: sample ids
-    factor_path: dict = field(default_factory=dict)  # key -> real path
-    label_path: dict = field(default_factory=dict)
-    _dicts: tuple | None = None
-    _stacked: tuple | None = None
-    setup: dict = field(default_factory=dict)  # name -> seconds
-    log: Callable[[str], None] = print
+    def __init__(self, args, dtype: str, log: Callable[[str], None]):
+        self.window, self.batch, self.threads, self.seed = args.window, args.batch, args.threads, args.seed
+        self.cols, self.label_cols, self.log = args.cols, args.labels, log
+        spec_window = max(args.window, DEFAULT_WINDOW)
+        parent = Path(args.dir) if spec_window == DEFAULT_WINDOW else Path(args.dir) / f"window{spec_window}"
+        spec = common.DataSpec(files=args.files, rows=args.rows, cols=args.cols, dtype=dtype,
+                               label_cols=args.labels, window=spec_window)
+        self.ds = ds = common.make_dataset(parent, spec, log=log)
+        # One factor and one label folder holding every key (symlinks into the per-stock folders); key -> real path.
+        self.factor_dir, self.label_dir = common.link_dir(parent / "windows-links" / spec.name, ds)
+        self.factor_path, self.label_path = ({os.path.basename(path)[:-4]: path for path in paths}
+                                             for paths in (ds.factor_paths, ds.label_paths))
+        log(f"  parsing the index ({len(ds.index_paths)} files) ...")  # in file then line order: npyfeed's order
+        lines = [line.strip() for path in ds.index_paths for line in Path(path).read_bytes().split(b"\n")
+                 if line.strip()]
+        fields = [line.split(b",") for line in lines]  # feature_index,label_index,key
+        self.feature_index, self.label_index = (np.array([int(f[i]) for f in fields], dtype=np.int64) for i in (0, 1))
+        keys = [f[2].strip().decode() for f in fields]
+        self.key_names = list(dict.fromkeys(keys))  # per key id
+        ids = {k: i for i, k in enumerate(self.key_names)}
+        # Per sample, in index order (= npyfeed sample id with bounds="error").
+        self.key_id = np.array([ids[k] for k in keys], dtype=np.int64)
+        self.lines = np.array(lines)  # per sample, the index line as bytes (what the users' numpy_function receives)
+        src = npyfeed.WindowSource(ds.index_paths, self.factor_dir, self.label_dir, args.window, mode="read",
+                                   threads=args.threads)
+        _check_count(src, len(lines))
+        # The shuffled epoch, sample ids: what src.batches(shuffle=True, seed) yields.
+        self.order = np.asarray(src.epoch_order(0, shuffle=True, seed=args.seed), dtype=np.int64)
+        self.setup: dict = {}  # one-off preload (PRELOAD_TEXT's names) -> seconds
+        self._dicts = self._stacked = None
 
     @property
     def paths(self) -> list:
         return self.ds.factor_paths + self.ds.label_paths
-
-    @property
-    def cols(self) -> int:
-        return self.ds.spec.cols
-
-    @property
-    def label_cols(self) -> int:
-        return self.ds.spec.label_cols
 
     def ids(self, batches: int) -> np.ndarray:
         return self.order[: batches * self.batch]
@@ -94,85 +104,38 @@ class Data:
             self.log("  setup: np.load loop into dicts (cold cache) ...")
             common.evict(self.paths)
             t0 = time.perf_counter()
-            factors = baselines.load_factor_files({k: self.factor_path[k] for k in self.key_names})
-            labels = baselines.load_factor_files({k: self.label_path[k] for k in self.key_names})
+            self._dicts = tuple(baselines.load_factor_files({k: paths[k] for k in self.key_names})
+                                for paths in (self.factor_path, self.label_path))
             self.setup["dict"] = time.perf_counter() - t0
-            self._dicts = (factors, labels)
         return self._dicts
 
     def stacked(self) -> tuple:
-        """(d)'s setup: one (K, T, F) float32 array, its window view, and per-sample start rows (timed)."""
+        """(d)'s setup: one (K, T, F) float32 array, its window view, and per-sample start rows (timed).
+        Returns (windows, row0, labels (K*T, L), label row per sample, the (K, T, F) array)."""
         if self._stacked is None:
             factors, labels = self.dicts()
             self.log("  setup: stacking into one float32 array ...")
             t0 = time.perf_counter()
-            first = factors[self.key_names[0]]
-            rows, cols = first.shape
-            big = np.empty((len(self.key_names), rows, cols), dtype=np.float32)
-            lab_first = labels[self.key_names[0]]
-            lab = np.empty((len(self.key_names),) + lab_first.shape, dtype=np.float32)
-            for i, k in enumerate(self.key_names):
+            keys, w = self.key_names, self.window
+            rows, cols = factors[keys[0]].shape
+            label_shape = labels[keys[0]].shape
+            big = np.empty((len(keys), rows, cols), dtype=np.float32)
+            lab = np.empty((len(keys),) + label_shape, dtype=np.float32)
+            for i, k in enumerate(keys):
                 big[i] = factors[k]  # converts float64 once, here
                 lab[i] = labels[k]
             flat = big.reshape(-1, cols)
-            w = self.window
             windows = np.lib.stride_tricks.as_strided(flat, shape=(flat.shape[0] - w + 1, w, cols),
                                                       strides=(flat.strides[0],) + flat.strides, writeable=False)
-            row0 = self.key_id.astype(np.int64) * rows + self.feature_index - w + 1
-            lab_flat = lab.reshape(len(self.key_names) * lab_first.shape[0], -1)
-            lab_row = self.key_id.astype(np.int64) * lab_first.shape[0] + self.label_index
+            row0 = self.key_id * rows + self.feature_index - w + 1
+            lab_row = self.key_id * label_shape[0] + self.label_index
             self.setup["stack"] = time.perf_counter() - t0
-            self._stacked = (windows, row0, lab_flat, lab_row, big, lab)
+            self._stacked = (windows, row0, lab.reshape(len(keys) * label_shape[0], -1), lab_row, big)
         return self._stacked
 
     def release(self) -> None:
         self._dicts = None
         self._stacked = None
-
-
-def _parse_index(paths: list) -> tuple:
-    """feature_index, label_index, key per line, in file then line order (npyfeed's sample order)."""
-    features, labels, keys, lines = [], [], [], []
-    for path in paths:
-        with open(path, "rb") as f:
-            for raw in f:
-                line = raw.strip()
-                if not line:
-                    continue
-                fi, li, key = line.split(b",")
-                features.append(int(fi))
-                labels.append(int(li))
-                keys.append(key.strip().decode())
-                lines.append(line)
-    return np.array(features, dtype=np.int64), np.array(labels, dtype=np.int64), keys, np.array(lines)
-
-
-def prepare_data(args, dtype: str, log) -> Data:
-    window = args.window
-    spec_window = max(window, DEFAULT_WINDOW)
-    parent = Path(args.dir) if spec_window == DEFAULT_WINDOW else Path(args.dir) / f"window{spec_window}"
-    spec = common.DataSpec(files=args.files, rows=args.rows, cols=args.cols, dtype=dtype,
-                           label_cols=args.labels, window=spec_window)
-    ds = common.make_dataset(parent, spec, log=log)
-    factor_dir, label_dir = common.link_dir(parent / "windows-links" / spec.name, ds)
-    log(f"  parsing the index ({len(ds.index_paths)} files) ...")
-    features, labels, keys, lines = _parse_index(ds.index_paths)
-    key_names = list(dict.fromkeys(keys))
-    ids = {k: i for i, k in enumerate(key_names)}
-    key_id = np.array([ids[k] for k in keys], dtype=np.int64)
-    src = npyfeed.WindowSource(ds.index_paths, factor_dir, label_dir, window, mode="read", threads=args.threads)
-    if len(src) != len(features):
-        raise SystemExit(f"npyfeed sees {len(src)} samples, the index parsed here {len(features)}")
-    perm = src.epoch_order(0, shuffle=True, seed=args.seed)  # what src.batches(shuffle=True, seed) yields
-    del src
-    data = Data(ds=ds, window=window, batch=args.batch, threads=args.threads, seed=args.seed, factor_dir=factor_dir,
-                label_dir=label_dir, key_names=key_names, key_id=key_id, feature_index=features,
-                label_index=labels, lines=lines, order=np.asarray(perm, dtype=np.int64), log=log)
-    for path in ds.factor_paths:
-        data.factor_path[os.path.basename(path)[:-4]] = path
-    for path in ds.label_paths:
-        data.label_path[os.path.basename(path)[:-4]] = path
-    return data
 
 
 def reference_batch(data: Data, ids: np.ndarray) -> tuple:
@@ -191,27 +154,41 @@ def reference_batch(data: Data, ids: np.ndarray) -> tuple:
 
 # ------------------------------------------------------------------------------------------ contenders
 #
-# A contender's open(data, batches) does the untimed per-measurement setup and returns run(), which consumes
-# `batches` batches of data.order and returns a Tally; close() releases what open() made.
+# A contender's open(data, batches) does the per-measurement setup (timed in cold rows only) and returns start():
+# one pass over data.order, an iterator of (x, y) batches; close() releases what open() made.
 
 
 class Contender:
     tag = ""  # "a".."f" as in the issue, "m" for mmap slicing
     name = ""
+    mode = None  # npyfeed's WindowSource mode
     caches = ("warm", "cold")
-    needs_tf = False
     batches_flag = "batches"  # which --*-batches flag sets its batch count
+    preload = ()  # the one-off setups it needs (Data.setup names): its setup column instead of the open time
 
-    def __init__(self):
-        self.open_times: list = []
+    def __init__(self, tf=None, **attrs):  # attrs: this instance's values of the class attributes above
+        self.tf, self.open_times = tf, []
+        self.__dict__.update(attrs)
 
-    def open(self, data: Data, batches: int, log) -> Callable[[], tuple]:
+    @property
+    def key(self) -> str:
+        return self.tag if self.mode is None else f"{self.tag}-{self.mode}"
+
+    def open(self, data: Data, batches: int) -> Callable[[], object]:
         raise NotImplementedError
 
     def close(self) -> None:
         pass
 
+    def timed_open(self, make: Callable[[], object]) -> object:
+        t0 = time.perf_counter()
+        opened = make()
+        self.open_times.append(time.perf_counter() - t0)
+        return opened
+
     def setup_text(self, data: Data) -> str:
+        if self.preload:
+            return " + ".join(PRELOAD_TEXT[k].format(data.setup.get(k, float("nan"))) for k in self.preload)
         return f"open {statistics.median(self.open_times):.2f} s" if self.open_times else "-"
 
     def matches(self, x, y, want_x, want_y) -> bool:
@@ -219,49 +196,49 @@ class Contender:
         return x.dtype == np.float32 and np.array_equal(x, want_x) and np.array_equal(y, want_y.reshape(y.shape))
 
 
+@dataclass
 class Tally:
-    """A run's batches: samples, and the first batch (kept for the check) with the time it arrived."""
+    """A pass's batches: samples, and the first batch (kept for the check) with the time it arrived."""
 
-    def __init__(self):
-        self.samples = 0
-        self.first = None
-        self.first_size = 0
-        self.t_first = 0.0
-
-    def add(self, x, y) -> None:
-        n = int(x.shape[0])
-        if self.first is None:
-            self.t_first = time.perf_counter()
-            self.first, self.first_size = (x, y), n
-        self.samples += n
+    samples: int = 0
+    first: tuple | None = None
+    first_size: int = 0
+    t_first: float = 0.0
 
 
 def _count(iterator, batches: int) -> Tally:
+    """The first `batches` batches of `iterator`, which is then closed (npyfeed's iterators, generators)."""
     tally = Tally()
-    for b, (x, y) in enumerate(iterator):
-        tally.add(x, y)
-        if b + 1 == batches:
-            break
+    try:
+        for b, (x, y) in enumerate(iterator):
+            n = int(x.shape[0])
+            if tally.first is None:
+                tally.t_first, tally.first, tally.first_size = time.perf_counter(), (x, y), n
+            tally.samples += n
+            if b + 1 == batches:
+                break
+    finally:
+        if hasattr(iterator, "close"):
+            iterator.close()
     return tally
 
 
 class TFPipeline(Contender):
-    needs_tf = True
-
-    def __init__(self, tf):
-        super().__init__()
-        self.tf = tf
-        self.dataset = None
-        self.held: dict = {}  # what the numpy_function reads; emptied by close() (TensorFlow keeps the function)
+    dataset = None
+    held = None  # what the numpy_function reads; emptied by close() (TensorFlow keeps the function)
 
     def close(self) -> None:
         self.dataset = None
-        self.held.clear()
+        if self.held:
+            self.held.clear()
 
-    def _run(self, batches):
-        def run():
-            return _count(iter(self.dataset), batches)
-        return run
+    def serve(self, dataset) -> Callable[[], object]:
+        self.dataset = dataset
+        return lambda: iter(self.dataset)
+
+    def hold_dicts(self, data: Data) -> dict:
+        self.held = dict(zip(("factor_dict", "label_dict"), data.dicts()))
+        return self.held
 
     def per_sample(self, data: Data, ids: np.ndarray, fn) -> object:
         tf, w, f, lc = self.tf, data.window, data.cols, data.label_cols
@@ -278,12 +255,11 @@ class UsersNpLoad(TFPipeline):
     tag, name = "a", "(a) users' np.load per sample"
     batches_flag = "users_batches"
 
-    def open(self, data, batches, log):
+    def open(self, data, batches):
         fdir = {k: os.path.dirname(p) for k, p in data.factor_path.items()}
         ldir = {k: os.path.dirname(p) for k, p in data.label_path.items()}
         get_data_from_cache = baselines.np_load_sample(fdir, ldir, data.window)  # the users' "advice" code
-        self.dataset = self.per_sample(data, data.ids(batches), get_data_from_cache)
-        return self._run(batches)
+        return self.serve(self.per_sample(data, data.ids(batches), get_data_from_cache))
 
     def setup_text(self, data):
         return "none"
@@ -291,29 +267,19 @@ class UsersNpLoad(TFPipeline):
 
 class DictPerSample(TFPipeline):
     tag, name = "b", "(b) dict + per-sample numpy_function"
-    caches = ("warm",)
-    batches_flag = "python_batches"
+    caches, batches_flag, preload = ("warm",), "python_batches", ("dict",)
 
-    def open(self, data, batches, log):
-        held = self.held
-        held["factor_dict"], held["label_dict"] = data.dicts()
-        get_data_from_cache = baselines.dict_sample(held, data.window)
-        self.dataset = self.per_sample(data, data.ids(batches), get_data_from_cache)
-        return self._run(batches)
-
-    def setup_text(self, data):
-        return f"np.load {data.setup.get('dict', float('nan')):.1f} s cold"
+    def open(self, data, batches):
+        get_data_from_cache = baselines.dict_sample(self.hold_dicts(data), data.window)
+        return self.serve(self.per_sample(data, data.ids(batches), get_data_from_cache))
 
 
 class DictPerBatch(TFPipeline):
     tag, name = "c", "(c) dict + per-batch numpy_function"
-    caches = ("warm",)
-    batches_flag = "python_batches"
+    caches, batches_flag, preload = ("warm",), "python_batches", ("dict",)
 
-    def open(self, data, batches, log):
-        tf = self.tf
-        held = self.held
-        held["factor_dict"], held["label_dict"] = data.dicts()
+    def open(self, data, batches):
+        tf, held = self.tf, self.hold_dicts(data)
         w, f, lc = data.window, data.cols, data.label_cols
 
         def gather_batch(lines):
@@ -331,104 +297,74 @@ class DictPerBatch(TFPipeline):
             x, y = tf.numpy_function(gather_batch, [lines], (tf.float32, tf.float32))
             return tf.ensure_shape(x, (None, w, f)), tf.ensure_shape(y, (None, lc))
 
-        self.dataset = (tf.data.Dataset.from_tensor_slices(data.lines[data.ids(batches)]).batch(data.batch)
-                        .map(parser, num_parallel_calls=USERS_PARALLEL_CALLS).prefetch(1))
-        return self._run(batches)
-
-    def setup_text(self, data):
-        return f"np.load {data.setup.get('dict', float('nan')):.1f} s cold"
+        return self.serve(tf.data.Dataset.from_tensor_slices(data.lines[data.ids(batches)]).batch(data.batch)
+                          .map(parser, num_parallel_calls=USERS_PARALLEL_CALLS).prefetch(1))
 
 
 class NumpyVectorised(Contender):
     tag, name = "d", "(d) numpy vectorised (window view)"
-    caches = ("warm",)
+    caches, preload = ("warm",), ("dict", "stack")
 
-    def open(self, data, batches, log):
-        windows, row0, lab_flat, lab_row, _, _ = data.stacked()
+    def open(self, data, batches):
+        windows, row0, lab_flat, lab_row, _ = data.stacked()
         ids, b = data.ids(batches), data.batch
 
-        def run():
-            tally = Tally()
-            for start in range(0, len(ids), b):
-                chunk = ids[start:start + b]
-                x = windows[row0[chunk]]  # (B, W, F): one fancy index, a W*F block per sample
-                y = lab_flat[lab_row[chunk]]
-                tally.add(x, y)
-            return tally
-        return run
-
-    def setup_text(self, data):
-        return (f"np.load {data.setup.get('dict', float('nan')):.1f} s cold"
-                f" + stack {data.setup.get('stack', float('nan')):.1f} s")
+        def start():
+            for s in range(0, len(ids), b):
+                chunk = ids[s:s + b]
+                yield windows[row0[chunk]], lab_flat[lab_row[chunk]]  # (B, W, F): one fancy index, W*F per sample
+        return start
 
 
 class MmapSlicing(Contender):
     tag, name = "m", "np mmap slicing per sample"
     batches_flag = "python_batches"
+    arrays = None
 
-    def __init__(self):
-        super().__init__()
-        self.arrays = None
-
-    def open(self, data, batches, log):
-        t0 = time.perf_counter()
-        factors = {k: np.load(p, mmap_mode="r") for k, p in data.factor_path.items()}
-        labels = {k: np.load(p, mmap_mode="r") for k, p in data.label_path.items()}
-        self.open_times.append(time.perf_counter() - t0)
-        self.arrays = (factors, labels)
+    def open(self, data, batches):
+        self.arrays = self.timed_open(lambda: tuple({k: np.load(p, mmap_mode="r") for k, p in paths.items()}
+                                                    for paths in (data.factor_path, data.label_path)))
+        factors, labels = self.arrays
         ids, b, w = data.ids(batches), data.batch, data.window
         names, key_id, fidx, lidx = data.key_names, data.key_id, data.feature_index, data.label_index
         f, lc = data.cols, data.label_cols
 
-        def run():
-            tally = Tally()
-            for start in range(0, len(ids), b):
-                chunk = ids[start:start + b].tolist()
+        def start():
+            for s in range(0, len(ids), b):
+                chunk = ids[s:s + b].tolist()
                 x = np.empty((len(chunk), w, f), dtype=np.float32)
                 y = np.empty((len(chunk), lc), dtype=np.float32)
-                for i, s in enumerate(chunk):
-                    key = names[key_id[s]]
-                    fi = int(fidx[s])
+                for i, sample in enumerate(chunk):
+                    key = names[key_id[sample]]
+                    fi = int(fidx[sample])
                     x[i] = factors[key][fi - w + 1: fi + 1]
-                    y[i] = labels[key][lidx[s]]
-                tally.add(x, y)
-            return tally
-        return run
+                    y[i] = labels[key][lidx[sample]]
+                yield x, y
+        return start
 
     def close(self):
         self.arrays = None  # unmaps: the pages can then be evicted
 
 
 class Npyfeed(Contender):
-    tag = "e"
+    tag, mode = "e", "mmap"
+    options: dict = {}  # WindowSource gather options: the (o) rows
+    src = None
 
-    def __init__(self, mode: str, caches=("warm", "cold")):
-        super().__init__()
-        self.mode = mode
-        self.caches = caches
-        self.name = f"(e) npyfeed batches {mode}"
-        self.src = None
+    @property
+    def name(self) -> str:
+        return f"(e) npyfeed batches {self.mode}"
 
     def make_source(self, data: Data):
-        t0 = time.perf_counter()
-        src = npyfeed.WindowSource(data.ds.index_paths, data.factor_dir, data.label_dir, data.window,
-                                   mode=self.mode, threads=data.threads)
-        self.open_times.append(time.perf_counter() - t0)
-        if len(src) != len(data.feature_index):
-            raise SystemExit(f"npyfeed sees {len(src)} samples, the index parsed here {len(data.feature_index)}")
+        src = self.timed_open(lambda: npyfeed.WindowSource(data.ds.index_paths, data.factor_dir, data.label_dir,
+                                                           data.window, mode=self.mode, threads=data.threads,
+                                                           **self.options))
+        _check_count(src, len(data.feature_index))
         return src
 
-    def open(self, data, batches, log):
+    def open(self, data, batches):
         self.src = self.make_source(data)
-        seed = data.seed
-
-        def run():
-            it = self.src.batches(data.batch, shuffle=True, seed=seed, epoch=0)
-            try:
-                return _count(it, batches)
-            finally:
-                it.close()
-        return run
+        return lambda: self.src.batches(data.batch, shuffle=True, seed=data.seed, epoch=0)
 
     def close(self):
         self.src = None
@@ -437,19 +373,12 @@ class Npyfeed(Contender):
 class NpyfeedArrays(Npyfeed):
     """WindowSource.from_arrays over the preloaded dict: the same C++ gather, reading anonymous memory."""
 
-    def __init__(self):
-        super().__init__("memory", caches=("warm",))
-        self.name = "(e) npyfeed batches from_arrays(dict)"
+    name, mode, caches, preload = "(e) npyfeed batches from_arrays(dict)", "memory", ("warm",), ("dict",)
 
     def make_source(self, data):
         factors, labels = data.dicts()
-        t0 = time.perf_counter()
-        src = npyfeed.WindowSource.from_arrays(data.ds.index_paths, factors, labels, data.window, threads=data.threads)
-        self.open_times.append(time.perf_counter() - t0)
-        return src
-
-    def setup_text(self, data):
-        return f"np.load {data.setup.get('dict', float('nan')):.1f} s cold"
+        return self.timed_open(lambda: npyfeed.WindowSource.from_arrays(data.ds.index_paths, factors, labels,
+                                                                        data.window, threads=data.threads))
 
 
 class _SourceHandle:
@@ -481,16 +410,10 @@ class NpyfeedTF(Npyfeed):
     """(f) npyfeed.tf.dataset over a fresh source, read by a Python loop over eager tensors (its native op; the
     other consumers, the floors and the numpy_function fallback: bench_handoff.py)."""
 
-    tag = "f"
-    needs_tf = True
+    tag, name = "f", "(f) npyfeed.tf.dataset mmap"
+    dataset = handle = None
 
-    def __init__(self, mode: str = "mmap", caches=("warm", "cold")):
-        super().__init__(mode, caches)
-        self.name = f"(f) npyfeed.tf.dataset {mode}"
-        self.dataset = None
-        self.handle = None
-
-    def open(self, data, batches, log):
+    def open(self, data, batches):
         import npyfeed.tf as nftf
 
         if not npyfeed.build_info(tf=True)["tf_ops_loadable"]:
@@ -498,10 +421,7 @@ class NpyfeedTF(Npyfeed):
         self.handle = _SourceHandle(self.make_source(data))
         # A new dataset per measurement: its first pass is epoch 0, the order every contender uses.
         self.dataset = nftf.dataset(self.handle, data.batch, shuffle=True, seed=data.seed)
-
-        def run():
-            return _count(iter(self.dataset), batches)
-        return run
+        return lambda: iter(self.dataset)
 
     def close(self):
         self.dataset = None
@@ -516,45 +436,27 @@ class TFInRamGather(TFPipeline):
     tf.gather of its (B, W) rows (and one of its labels) in a parallel map. No Python per batch or sample."""
 
     tag, name = "t", "(t) TensorFlow in-RAM tf.gather, parallel map"
-    caches = ("warm",)
+    caches, preload = ("warm",), ("dict", "stack", "tf_tensor")
 
-    def __init__(self, tf):
-        super().__init__(tf)
-        self.tensors = None  # (data, factors, labels, row0, label_row): built once per data set (setup, timed)
+    tensors = None  # (factors, labels, row0, label_row): built once (contenders are built per data set)
 
-    def _tensors(self, data: Data):
-        if self.tensors is None or self.tensors[0] is not data:
-            self.tensors = None
-            windows, row0, lab_flat, lab_row, big, _ = data.stacked()
-            tf = self.tf
-            t0 = time.perf_counter()
-            factors = tf.constant(big.reshape(-1, data.cols))
-            labels = tf.constant(lab_flat)
-            data.setup["tf_tensor"] = time.perf_counter() - t0
-            self.tensors = (data, factors, labels, tf.constant(row0), tf.constant(lab_row))
-        return self.tensors[1:]
-
-    def open(self, data, batches, log):
+    def open(self, data, batches):
         tf = self.tf
-        factors, labels, row0, lab_row = self._tensors(data)
+        if self.tensors is None:
+            _, row0, lab_flat, lab_row, big = data.stacked()
+            t0 = time.perf_counter()
+            factors, labels = tf.constant(big.reshape(-1, data.cols)), tf.constant(lab_flat)
+            data.setup["tf_tensor"] = time.perf_counter() - t0
+            self.tensors = (factors, labels, tf.constant(row0), tf.constant(lab_row))
+        factors, labels, row0, lab_row = self.tensors
         offsets = tf.range(data.window, dtype=tf.int64)
 
         def gather(ids):
             rows = tf.gather(row0, ids)[:, None] + offsets  # (B, W)
             return tf.gather(factors, rows), tf.gather(labels, tf.gather(lab_row, ids))
 
-        self.dataset = (tf.data.Dataset.from_tensor_slices(data.ids(batches)).batch(data.batch)
-                        .map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
-        return self._run(batches)
-
-    def close(self):
-        super().close()
-        if self.tensors is not None and self.tensors[0]._stacked is None:  # the data set released its arrays
-            self.tensors = None
-
-    def setup_text(self, data):
-        return (f"np.load {data.setup.get('dict', float('nan')):.1f} s cold + stack "
-                f"{data.setup.get('stack', float('nan')):.1f} s + tensor {data.setup.get('tf_tensor', float('nan')):.1f} s")
+        return self.serve(tf.data.Dataset.from_tensor_slices(data.ids(batches)).batch(data.batch)
+                          .map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
 
 
 # ------------------------------------------------------------------------------ gather options (o)
@@ -599,19 +501,16 @@ def apply_options(options: dict, x: np.ndarray, y: np.ndarray) -> tuple:
 class NpyfeedOption(Npyfeed):
     """(o) = (e) npyfeed batches mmap, warm, with gather options."""
 
-    tag = "o"
+    tag, caches = "o", ("warm",)
+    label = ""
 
-    def __init__(self, label: str, options: dict):
-        super().__init__("mmap", caches=("warm",))
-        self.name = f"(o) npyfeed mmap {label}"
-        self.options = options
+    @property
+    def name(self) -> str:
+        return f"(o) npyfeed mmap {self.label}"
 
-    def make_source(self, data: Data):
-        t0 = time.perf_counter()
-        src = npyfeed.WindowSource(data.ds.index_paths, data.factor_dir, data.label_dir, data.window,
-                                   mode=self.mode, threads=data.threads, **self.options)
-        self.open_times.append(time.perf_counter() - t0)
-        return src
+    @property
+    def key(self) -> str:
+        return f"o-{self.name}"
 
     def matches(self, x, y, want_x, want_y) -> bool:
         want_x, want_y = apply_options(self.options, want_x, want_y)
@@ -619,37 +518,23 @@ class NpyfeedOption(Npyfeed):
                 and np.allclose(x, want_x, rtol=1e-6, atol=1e-6) and np.array_equal(y, want_y.reshape(y.shape)))
 
 
-def option_contenders(args) -> list:
-    if args.no_options:
-        return []
-    return [NpyfeedOption(label, options) for label, options in option_cases(args.cols, args.labels).items()]
-
-
-OPTION_HEADER = ("option", "src", "plain samples/s", "samples/s", "median", "x plain", "plain cpu us", "cpu us",
-                 "cpu x plain", "needed", "status", "status (cpu)")
-
-
-def option_rows(by: dict, dtypes) -> list:
+def option_rows(results: list, by: dict) -> list:
     """Per option row: samples/s against plain (e) mmap warm of the same run, and the target (at most 10% slower;
     a quarter of the columns faster than plain). Also by CPU time per sample (the work, all threads), which a
     loaded machine inflates far less than wall time: the status by that ratio (plain's CPU over the option's)
     stands beside the one by samples/s."""
     out = []
-    for dtype in dtypes:
-        plain = by.get(("e-mmap", dtype, "warm"))
-        for key, r in by.items():
-            if not key[0].startswith("o-") or key[1] != dtype or not plain:
-                continue
-            ratio = r.best / plain.best
-            cpu_ratio = plain.best_cpu_us / r.best_cpu_us  # > 1: less work per sample than plain
-            needed = ">1.00x" if "features=slice" in r.contender.name else ">=0.90x"
-
-            def met(x, needed=needed):
-                return "met" if (x > 1.0 if needed == ">1.00x" else x >= 0.9) else "MISSED"
-
-            out.append([r.contender.name[len("(o) npyfeed mmap "):], dtype, f"{plain.best:,.0f}", f"{r.best:,.0f}",
-                        f"{r.median:,.0f}", f"{ratio:.2f}x", f"{plain.best_cpu_us:.1f}", f"{r.best_cpu_us:.1f}",
-                        f"{cpu_ratio:.2f}x", needed, met(ratio), met(cpu_ratio)])
+    for r in results:
+        plain = by[r.dtype].get("e-mmap warm")
+        if r.contender.tag != "o" or not plain:
+            continue
+        ratio = r.best / plain.best
+        cpu_ratio = plain.best_cpu_us / r.best_cpu_us  # > 1: less work per sample than plain
+        faster = "features=slice" in r.contender.label
+        status = ["met" if (x > 1.0 if faster else x >= 0.9) else "MISSED" for x in (ratio, cpu_ratio)]
+        out.append([r.contender.label, r.dtype, f"{plain.best:,.0f}", f"{r.best:,.0f}", f"{r.median:,.0f}",
+                    f"{ratio:.2f}x", f"{plain.best_cpu_us:.1f}", f"{r.best_cpu_us:.1f}", f"{cpu_ratio:.2f}x",
+                    ">1.00x" if faster else ">=0.90x", *status])
     return out
 
 
@@ -664,44 +549,33 @@ class NpyfeedKeras(Npyfeed):
     """npyfeed.keras.PyDataset: ``ds[i]`` for i = 0, 1, ... within one epoch, as Keras' data adapter asks
     (``fit(..., shuffle=False)``); the backend does not matter here, the items are numpy batches."""
 
-    tag = "keras"
+    tag, name, caches = "keras", "npyfeed.keras.PyDataset mmap", ("warm",)
 
-    def __init__(self):
-        super().__init__("mmap", caches=("warm",))
-        self.name = "npyfeed.keras.PyDataset mmap"
-
-    def open(self, data, batches, log):
+    def open(self, data, batches):
         import npyfeed.keras as nfk
 
         self.src = self.make_source(data)
         ds = nfk.PyDataset(self.src, data.batch, shuffle=True, seed=data.seed)
 
-        def run():
+        def start():
             ds.on_epoch_begin()
-            return _count((ds[i] for i in range(len(ds))), batches)
-        return run
+            return (ds[i] for i in range(len(ds)))
+        return start
 
 
 class NpyfeedTorch(Npyfeed):
     """npyfeed.torch.WindowDataset in ``DataLoader(ds, batch_size=None, num_workers=0)``: tensors sharing the
     batch memory."""
 
-    tag = "torch"
+    tag, name, caches = "torch", "npyfeed.torch.WindowDataset mmap", ("warm",)
 
-    def __init__(self):
-        super().__init__("mmap", caches=("warm",))
-        self.name = "npyfeed.torch.WindowDataset mmap"
-
-    def open(self, data, batches, log):
+    def open(self, data, batches):
         import npyfeed.torch as nft
         from torch.utils.data import DataLoader
 
         self.src = self.make_source(data)
         loader = DataLoader(nft.WindowDataset(self.src, data.batch, shuffle=True, seed=data.seed), batch_size=None)
-
-        def run():
-            return _count(iter(loader), batches)
-        return run
+        return lambda: iter(loader)
 
 
 def adapter_contenders() -> list:
@@ -721,20 +595,21 @@ def build_contenders(args, tf) -> list:
     out = []
     if tf is not None:
         out += [UsersNpLoad(tf), DictPerSample(tf), DictPerBatch(tf)]
-    out += [NumpyVectorised(), MmapSlicing(), Npyfeed("mmap"), Npyfeed("read"), Npyfeed("direct", caches=("cold",)),
-            NpyfeedArrays()]
-    out += option_contenders(args)
+    out += [NumpyVectorised(), MmapSlicing(), Npyfeed(mode="mmap"), Npyfeed(mode="read"),
+            Npyfeed(mode="direct", caches=("cold",)), NpyfeedArrays()]
+    if not args.no_options:
+        out += [NpyfeedOption(label=label, options=options)
+                for label, options in option_cases(args.cols, args.labels).items()]
     if tf is not None:
         if importlib.util.find_spec("npyfeed.tf") is not None:
-            out += [NpyfeedTF("mmap"), TFInRamGather(tf)]
+            out += [NpyfeedTF(), TFInRamGather(tf)]
         else:
             print("note: npyfeed.tf is not installed yet: (f) skipped", file=sys.stderr)
-    if args.only and ({"keras", "torch"} & {w.strip() for w in args.only.split(",")}):
-        out += adapter_contenders()  # only when asked for: they import their frameworks
     if args.only:
         wanted = {w.strip() for w in args.only.split(",") if w.strip()}
-        out = [c for c in out if c.tag in wanted or c.name in wanted
-               or (isinstance(c, Npyfeed) and f"{c.tag}-{c.mode}" in wanted)]
+        if {"keras", "torch"} & wanted:
+            out += adapter_contenders()  # only when asked for: they import their frameworks
+        out = [c for c in out if c.tag in wanted or c.name in wanted or (c.mode and f"{c.tag}-{c.mode}" in wanted)]
     return out
 
 
@@ -752,6 +627,7 @@ class Result:
     first_ms: list = field(default_factory=list)  # time to the first batch, ms
     read_bytes: list = field(default_factory=list)  # bytes read from storage per sample (read-ahead included)
     residency: float = 0.0  # cold: largest page-cache residency of the data files seen just before a measurement
+    setup: str = "-"  # the contender's setup_text
 
     @property
     def best(self) -> float:
@@ -764,6 +640,19 @@ class Result:
     @property
     def median(self) -> float:
         return statistics.median(self.rates)
+
+    def record(self, tally: Tally, t0: float, t_end: float, cpu: float, read: int) -> None:
+        # Warm: throughput from the first batch's arrival on (steady state: a pipeline's start-up, e.g.
+        # TensorFlow's iterator, is paid once per epoch, not per batch; it is shown apart).
+        # Cold: from the start, first batch included: on a cold cache the first batch is where the reading
+        # happens (a page fault in a mapping reads up to read_ahead_kb around it).
+        if self.cache == "warm" and tally.samples > tally.first_size and t_end > tally.t_first:
+            self.rates.append((tally.samples - tally.first_size) / (t_end - tally.t_first))
+        else:
+            self.rates.append(tally.samples / (t_end - t0))
+        self.first_ms.append((tally.t_first - t0) * 1e3)
+        self.cpu_us.append(cpu / tally.samples * 1e6)
+        self.read_bytes.append(read / tally.samples)
 
 
 def parse_args(argv=None):
@@ -804,13 +693,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.dtypes = [args.dtype] if args.dtype else [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if args.quick:
-        args.files, args.rows, args.cols = min(args.files, 6), min(args.rows, 200), min(args.cols, 32)
-        args.batch = min(args.batch, 16)
-        args.batches = min(args.batches, 3)
-        args.cold_batches = min(args.cold_batches, 2)
-        args.python_batches = min(args.python_batches, 2)
-        args.users_batches = min(args.users_batches, 1)
-        args.random_reads = min(args.random_reads, 64)
+        for name, most in (("files", 6), ("rows", 200), ("cols", 32), ("batch", 16), ("batches", 3),
+                           ("cold_batches", 2), ("python_batches", 2), ("users_batches", 1), ("random_reads", 64)):
+            setattr(args, name, min(getattr(args, name), most))
         args.repeats = 1
     for name in ("window", "batch", "batches", "cold_batches", "python_batches", "users_batches", "repeats"):
         if getattr(args, name) < 1:
@@ -821,42 +706,50 @@ def parse_args(argv=None):
 def batches_for(args, contender: Contender, cache: str) -> int:
     if contender.batches_flag == "users_batches":
         return args.users_batches
-    if cache == "cold":
-        return args.cold_batches
-    return getattr(args, contender.batches_flag)
+    return args.cold_batches if cache == "cold" else getattr(args, contender.batches_flag)
 
 
-def check_outputs(data: Data, contenders: list, args, log) -> None:
+def measure(c: Contender, data: Data, batches: int, cache: str) -> tuple:
+    """One measurement: (tally, start time, end time, CPU seconds, bytes read). Cold: the open is timed too (it
+    reads headers, and label files in read/direct modes)."""
+    cpu0, t0, read0 = _cpu_seconds(), time.perf_counter(), common.read_bytes()
+    start = c.open(data, batches)
+    try:
+        if cache == "warm":
+            cpu0, t0 = _cpu_seconds(), time.perf_counter()
+        tally = _count(start(), batches)
+        t_end = time.perf_counter()
+        cpu, read = _cpu_seconds() - cpu0, common.read_bytes() - read0
+    finally:
+        del start  # its closure may hold mappings: drop it, or the next eviction cannot
+        c.close()
+    return tally, t0, t_end, cpu, read
+
+
+def check_outputs(data: Data, contenders: list) -> None:
     """Untimed: every contender's first batch equals the oracle (same samples, same order, same values)."""
-    ids = data.ids(1)
-    want_x, want_y = reference_batch(data, ids)
+    want_x, want_y = reference_batch(data, data.ids(1))
     for c in contenders:
-        run = c.open(data, 1, log)
-        try:
-            x, y = run().first
-        finally:
-            del run
-            c.close()
-        x, y = np.asarray(x), np.asarray(y)
-        if not c.matches(x, y, want_x, want_y):
+        x, y = measure(c, data, 1, "warm")[0].first
+        if not c.matches(np.asarray(x), np.asarray(y), want_x, want_y):
             raise SystemExit(f"{c.name} ({data.ds.spec.dtype}): first batch differs from per-sample slicing")
     for c in contenders:
         c.open_times.clear()  # the check's opens paid one-off costs (first TF trace, thread pool start)
 
 
-def run_dtype(args, dtype, tf, limits, log) -> tuple:
+def run_dtype(args, dtype, tf, limits, window_bytes, log) -> list:
+    """Every contender's rounds on one source dtype's data set, warm then cold, with the limit probes of each round
+    (added to `limits`, name -> GB/s per round)."""
     log(f"== source dtype {dtype}")
-    data = prepare_data(args, dtype, log)
+    data = Data(args, dtype, log)
     contenders = build_contenders(args, tf)
     log(f"  checking every contender against per-sample slicing ({len(contenders)} contenders) ...")
-    check_outputs(data, contenders, args, log)
-    results, residency = [], 0.0
-    window_bytes = data.window * data.cols * np.dtype(dtype).itemsize
+    check_outputs(data, contenders)
+    results = []
     for cache in ("warm", "cold"):
-        active = [c for c in contenders if cache in c.caches]
-        if not active:
+        res = [Result(c, dtype, cache, batches_for(args, c, cache)) for c in contenders if cache in c.caches]
+        if not res:
             continue
-        res = {c: Result(c, dtype, cache, batches_for(args, c, cache)) for c in active}
         if cache == "warm":
             log("  warming the page cache ...")
             common.warm(data.paths)
@@ -869,61 +762,30 @@ def run_dtype(args, dtype, tf, limits, log) -> tuple:
                     common.memcpy_bandwidth(args.threads, args.copy_bytes, repeats=3))
             else:  # at every queue depth a contender uses: threads, direct's 4 per thread, a batch's hints
                 for depth in probe_depths(args):
-                    rr = common.odirect_random_bandwidth(data.ds.factor_paths, depth, block=window_bytes,
-                                                         reads=args.random_reads, seed=rnd)
-                    limits.setdefault(f"random_{dtype}_qd{depth}", []).append(None if rr is None else rr.gbps)
-                    rb = common.buffered_random_bandwidth(data.ds.factor_paths, depth, block=window_bytes,
-                                                          reads=args.random_reads, seed=rnd)
-                    limits.setdefault(f"buffered_{dtype}_qd{depth}", []).append(None if rb is None else rb.gbps)
-            shift = rnd % len(active)
-            for c in active[shift:] + active[:shift]:
-                r = res[c]
+                    for kind, probe in (("random", common.odirect_random_bandwidth),
+                                        ("buffered", common.buffered_random_bandwidth)):
+                        rr = probe(data.ds.factor_paths, depth, block=window_bytes, reads=args.random_reads, seed=rnd)
+                        limits.setdefault(f"{kind}_{dtype}_qd{depth}", []).append(None if rr is None else rr.gbps)
+            shift = rnd % len(res)
+            for r in res[shift:] + res[:shift]:
                 gc.collect()
                 if cache == "cold":
                     common.evict(data.paths)
-                    frac = common.cached_fraction(data.paths)
-                    if frac is not None:
-                        residency = max(residency, frac)
-                        r.residency = max(r.residency, frac)
-                # Cold: the open is timed too (it reads headers, and label files in read/direct modes).
-                cpu0, t0, read0 = _cpu_seconds(), time.perf_counter(), common.read_bytes()
-                run = c.open(data, r.batches, log)
-                try:
-                    if cache == "warm":
-                        cpu0, t0 = _cpu_seconds(), time.perf_counter()
-                    tally = run()
-                    t_end = time.perf_counter()
-                    cpu, read = _cpu_seconds() - cpu0, common.read_bytes() - read0
-                finally:
-                    del run  # its closure may hold mappings: drop it, or the next eviction cannot
-                    c.close()
-                # Warm: throughput from the first batch's arrival on (steady state: a pipeline's start-up,
-                # e.g. TensorFlow's iterator, is paid once per epoch, not per batch; it is shown apart).
-                # Cold: from the start, first batch included: on a cold cache the first batch is where the
-                # reading happens (a page fault in a mapping reads up to read_ahead_kb around it).
-                if cache == "warm" and tally.samples > tally.first_size and t_end > tally.t_first:
-                    rate = (tally.samples - tally.first_size) / (t_end - tally.t_first)
-                else:
-                    rate = tally.samples / (t_end - t0)
-                r.rates.append(rate)
-                r.first_ms.append((tally.t_first - t0) * 1e3)
-                r.cpu_us.append(cpu / tally.samples * 1e6)
-                r.read_bytes.append(read / tally.samples)
-                del tally
-                log(f"  {cache} round {rnd + 1}/{args.repeats}  {c.name:40s} {rate:12,.0f} samples/s "
-                    f"(first batch {r.first_ms[-1]:,.0f} ms)")
-        results += list(res.values())
-    setups = {r.contender: r.contender.setup_text(data) for r in results}
-    for c in contenders:
-        c.open_times.clear()
+                    r.residency = max(r.residency, common.cached_fraction(data.paths))
+                r.record(*measure(r.contender, data, r.batches, cache))
+                log(f"  {cache} round {rnd + 1}/{args.repeats}  {r.contender.name:40s} {r.rates[-1]:12,.0f} "
+                    f"samples/s (first batch {r.first_ms[-1]:,.0f} ms)")
+        results += res
+    for r in results:
+        r.setup = r.contender.setup_text(data)
     data.release()
     gc.collect()
-    return results, setups, residency, window_bytes
+    return results
 
 
-def reads_through_cache(r) -> bool:
+def reads_through_cache(r: Result) -> bool:
     """Whether a cold row's reads go through the page cache: every contender but npyfeed's "direct" mode."""
-    return r.cache == "cold" and getattr(r.contender, "mode", None) != "direct"
+    return r.cache == "cold" and r.contender.mode != "direct"
 
 
 def probe_depths(args) -> list:
@@ -938,8 +800,42 @@ def _cpu_seconds() -> float:
 
 
 def best(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return max(values) if values else None
+    return max((v for v in values if v is not None), default=None)
+
+
+def ratio(x: Result | None, y: Result | None) -> float | None:
+    return x.best / y.best if (x and y) else None
+
+
+def limit_rates(args, limits: dict, out_sample_bytes: int, window_bytes: dict) -> dict:
+    """(dtype, cache) -> (limit name, samples/s): each dtype's rows against the probes of its own rounds (the
+    machine's state drifts over a run); "cold page cache" is the buffered reads' limit."""
+    out = {}
+    for dtype in args.dtypes:
+        copy_gbps = best(limits.get(f"copy_{dtype}", []))
+        if copy_gbps:
+            out[(dtype, "warm")] = (f"copy x{args.threads}", copy_gbps * common.GB / out_sample_bytes)
+        for kind, cache, label in (("random", "cold", "rand read"),
+                                   ("buffered", "cold page cache", "buffered rand read")):
+            probes = {d: best(limits.get(f"{kind}_{dtype}_qd{d}", [])) for d in probe_depths(args)}
+            depth = max(probes, key=lambda d: probes[d] or 0)  # the first of the fastest
+            if probes[depth]:
+                out[(dtype, cache)] = (f"{label} qd{depth}", probes[depth] * common.GB / window_bytes[dtype])
+    return out
+
+
+def limit_rows(args, limits: dict, copy_1: float, out_sample_bytes: int, window_bytes: dict) -> list:
+    """The limits table: every probe's best round, in GB/s and in samples/s of its per-sample bytes."""
+    probes = [("memory copy x1", copy_1, out_sample_bytes, "x out")]
+    probes += [(f"memory copy x{args.threads} ({name[5:]} rounds)", best(values), out_sample_bytes, "x out")
+               for name, values in limits.items() if name.startswith("copy_")]
+    for prefix, label in (("random_", "O_DIRECT random read"), ("buffered_", "buffered random read")):
+        for name, values in limits.items():
+            if name.startswith(prefix):
+                dtype, qd = name[len(prefix):].split("_qd")
+                probes.append((f"{label} qd{qd} ({dtype})", best(values), window_bytes[dtype], "windows"))
+    return [[name, common.fmt(g, ".2f"), common.fmt(None if g is None else g * common.GB / nbytes, ",.0f"),
+             f"{nbytes} B {unit}"] for name, g, nbytes, unit in probes]
 
 
 def main(argv=None) -> int:
@@ -956,117 +852,70 @@ def main(argv=None) -> int:
     limits: dict = {}
     log("limits: memory copy, 1 thread ...")
     copy_1 = common.memcpy_bandwidth(1, args.copy_bytes, repeats=2 if args.quick else 5)
-    all_results, setups, residency, window_bytes = [], {}, 0.0, {}
-    for dtype in args.dtypes:
-        res, st, frac, wb = run_dtype(args, dtype, tf, limits, log)
-        all_results += res
-        setups.update({(c, dtype): s for c, s in st.items()})
-        residency = max(residency, frac)
-        window_bytes[dtype] = wb
-
+    window_bytes = {d: args.window * args.cols * np.dtype(d).itemsize for d in args.dtypes}  # one source window
+    results = [r for d in args.dtypes for r in run_dtype(args, d, tf, limits, window_bytes[d], log)]
+    residency = max((r.residency for r in results), default=0.0)
     out_sample_bytes = args.window * args.cols * 4  # float32 x output per sample
-    limit_rate = {}  # (dtype, cache) -> (name, samples/s)
-    for dtype in args.dtypes:
-        # Each dtype's rows against the probes of its own rounds: the machine's state drifts over a run.
-        copy_gbps = best(limits.get(f"copy_{dtype}", []))
-        if copy_gbps:
-            limit_rate[(dtype, "warm")] = (f"copy x{args.threads}", copy_gbps * common.GB / out_sample_bytes)
-        probes = {d: best(limits.get(f"random_{dtype}_qd{d}", [])) for d in probe_depths(args)}
-        probes = {d: g for d, g in probes.items() if g}
-        if probes:
-            depth = max(probes, key=probes.get)
-            limit_rate[(dtype, "cold")] = (f"rand read qd{depth}", probes[depth] * common.GB / window_bytes[dtype])
-        buffered = {d: best(limits.get(f"buffered_{dtype}_qd{d}", [])) for d in probe_depths(args)}
-        buffered = {d: g for d, g in buffered.items() if g}
-        if buffered:
-            depth = max(buffered, key=buffered.get)
-            limit_rate[(dtype, "cold page cache")] = (f"buffered rand read qd{depth}",
-                                                      buffered[depth] * common.GB / window_bytes[dtype])
+    limit_rate = limit_rates(args, limits, out_sample_bytes, window_bytes)
 
-    def result_key(c):
-        if isinstance(c, NpyfeedOption):
-            return f"o-{c.name}"
-        return c.tag if not isinstance(c, Npyfeed) else f"{c.tag}-{c.mode}"
-
-    by = {(result_key(r.contender), r.dtype, r.cache): r for r in all_results}
+    by: dict = {}  # dtype -> "key cache" -> result
+    for r in results:
+        by.setdefault(r.dtype, {})[f"{r.contender.key} {r.cache}"] = r
     rows, results_json = [], []
-    for r in all_results:
-        a = by.get(("a", r.dtype, r.cache))
-        b = by.get(("b", r.dtype, "warm"))  # the users' common path: their dict (preloaded, so warm only)
-        e = by.get(("e-mmap", r.dtype, r.cache))
+    for r in results:
+        got = by[r.dtype].get
+        vs_a, vs_e = ratio(r, got(f"a {r.cache}")), ratio(r, got(f"e-mmap {r.cache}"))
+        vs_b = ratio(r, got("b warm"))  # the users' common path: their dict (preloaded, so warm only)
         lim_name, lim = limit_rate.get((r.dtype, r.cache), ("-", None))
         cached_name, cached = (limit_rate.get((r.dtype, "cold page cache"), (None, None)) if reads_through_cache(r)
                                else (None, None))
-        vs_a = r.best / a.best if a else None
-        vs_b = r.best / b.best if b else None
-        vs_e = r.best / e.best if e else None
         vs_lim = r.best / lim if lim else None
         vs_cached = r.best / cached if cached else None
         rows.append([r.contender.name, r.dtype, r.cache, r.batches, f"{r.best:,.0f}", f"{r.median:,.0f}",
                      f"{statistics.median(r.first_ms):,.0f}", f"{r.best_cpu_us:,.1f}",
                      f"{statistics.median(r.read_bytes):,.0f}", common.fmt(vs_a, ".1f", "x"),
-                     common.fmt(vs_b, ".1f", "x"), common.fmt(vs_e, ".2f", "x"), lim_name, common.fmt(vs_lim, ".2f", "x"),
-                     common.fmt(vs_cached, ".2f", "x"), setups.get((r.contender, r.dtype), "-")])
+                     common.fmt(vs_b, ".1f", "x"), common.fmt(vs_e, ".2f", "x"), lim_name,
+                     common.fmt(vs_lim, ".2f", "x"), common.fmt(vs_cached, ".2f", "x"), r.setup])
         results_json.append({"name": r.contender.name, "tag": r.contender.tag, "dtype": r.dtype, "cache": r.cache,
                              "batches": r.batches, "samples_per_s": r.rates, "cpu_us_per_sample": r.cpu_us,
                              "first_batch_ms": r.first_ms, "read_bytes_per_sample": r.read_bytes, "best": r.best,
-                             "median": r.median,
-                             "residency_before": r.residency if r.cache == "cold" else None,
-                             "vs_a": vs_a, "vs_b": vs_b, "vs_e_mmap": vs_e, "limit": lim_name, "limit_samples_per_s": lim,
-                             "vs_limit": vs_lim, "page_cache_limit": cached_name,
+                             "median": r.median, "residency_before": r.residency if r.cache == "cold" else None,
+                             "vs_a": vs_a, "vs_b": vs_b, "vs_e_mmap": vs_e, "limit": lim_name,
+                             "limit_samples_per_s": lim, "vs_limit": vs_lim, "page_cache_limit": cached_name,
                              "page_cache_limit_samples_per_s": cached, "vs_page_cache_limit": vs_cached,
-                             "setup": setups.get((r.contender, r.dtype))})
+                             "setup": r.setup})
 
     load_after = os.getloadavg()
     spec = f"{args.files} files x ({args.rows}, {args.cols})"
-    print()
-    print(f"npyfeed {npyfeed.__version__} bench_windows: {spec}, W={args.window}, B={args.batch}, "
+    print(f"\nnpyfeed {npyfeed.__version__} bench_windows: {spec}, W={args.window}, B={args.batch}, "
           f"L={args.labels}, sources {','.join(args.dtypes)} -> float32, threads={args.threads}, "
           f"rounds={args.repeats}, seed={args.seed}, data in {args.dir}")
     print(f"load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after, on "
           f"{common.machine_info()['cpus']} CPUs: above the CPU count, other processes took CPU time from these "
           "measurements (ratios within a round stay comparable; cpu us/smp is the work done)")
-    print()
-    print("limits (same run, best probe)")
-    lim_rows = [["memory copy x1", f"{copy_1:.2f}", f"{copy_1 * common.GB / out_sample_bytes:,.0f}",
-                 f"{out_sample_bytes} B x out"]]
-    for name, values in limits.items():
-        if name.startswith("copy_"):
-            g = best(values)
-            lim_rows.append([f"memory copy x{args.threads} ({name[5:]} rounds)", common.fmt(g, ".2f"),
-                             "-" if g is None else f"{g * common.GB / out_sample_bytes:,.0f}",
-                             f"{out_sample_bytes} B x out"])
-    for prefix, label in (("random_", "O_DIRECT random read"), ("buffered_", "buffered random read")):
-        for name, values in limits.items():
-            if name.startswith(prefix):
-                dtype, qd = name[len(prefix):].split("_qd")
-                g = best(values)
-                rate = None if g is None else g * common.GB / window_bytes[dtype]
-                lim_rows.append([f"{label} qd{qd} ({dtype})", common.fmt(g, ".2f"),
-                                 "-" if rate is None else f"{rate:,.0f}", f"{window_bytes[dtype]} B windows"])
-    print(common.format_table(("limit", "GB/s", "samples/s", "per sample"), lim_rows, align="lrrl"))
-    print()
-    print(common.format_table(TABLE_HEADER, rows, align="lllrrrrrrrrrlrrl"))
-    print()
+    print("\nlimits (same run, best probe)")
+    print(common.format_table(("limit", "GB/s", "samples/s", "per sample"),
+                              limit_rows(args, limits, copy_1, out_sample_bytes, window_bytes), align="lrrl"))
+    print("\n" + common.format_table(TABLE_HEADER, rows, align="lllrrrrrrrrrlrrl") + "\n")
     print("samples/s = best round (median beside it); warm: counted from the first batch's arrival to the last "
           "batch's (steady state), cold: from the start (first batch included); 1st ms = median time to the first "
           "batch (pipeline start-up, once per epoch; cold: the open included); x (a) / x (e) = against (a) and (e) "
-          "npyfeed mmap, same source dtype and cache; x (b) = against (b) warm, the users' common path; cpu us/smp = CPU time of this process (all threads: npyfeed's, TensorFlow's) per sample in "
-          "the best round; read B/smp = bytes read from storage per sample (/proc/self/io, read-ahead included; "
-          "median round); x limit = against the limit named (warm: memory copy of the float32 x output; cold: "
-          "O_DIRECT random reads of source windows, the best of the queue depths probed); x page-cache limit = "
-          "against the same reads through the page cache, for the cold rows that read through it (all but "
-          "direct). Cold = all data files evicted before each measurement (max "
-          f"page-cache residency after eviction: {residency:.1%}). setup = per-measurement open (median; "
-          "outside the time in warm rows, inside it in cold rows), "
-          "or the one-off preload the contender needs.")
+          "npyfeed mmap, same source dtype and cache; x (b) = against (b) warm, the users' common path; cpu us/smp = "
+          "CPU time of this process (all threads: npyfeed's, TensorFlow's) per sample in the best round; read B/smp = "
+          "bytes read from storage per sample (/proc/self/io, read-ahead included; median round); x limit = against "
+          "the limit named (warm: memory copy of the float32 x output; cold: O_DIRECT random reads of source windows, "
+          "the best of the queue depths probed); x page-cache limit = against the same reads through the page cache, "
+          "for the cold rows that read through it (all but direct). Cold = all data files evicted before each "
+          f"measurement (max page-cache residency after eviction: {residency:.1%}). setup = per-measurement "
+          "open (median; outside the time in warm rows, inside it in cold rows), or the one-off preload the "
+          "contender needs.")
 
-    not_cold = [f"{r.contender.name} {r.dtype} ({r.residency:.0%})" for r in all_results
+    not_cold = [f"{r.contender.name} {r.dtype} ({r.residency:.0%})" for r in results
                 if r.cache == "cold" and r.residency > MAX_COLD_RESIDENCY]
     if not_cold:
         print(f"WARNING: data still cached after eviction (pages pinned by live mappings?) for: {'; '.join(not_cold)}: "
               "those cold rows are not cold, and their targets are marked n/a.")
-    opts = option_rows(by, args.dtypes)
+    opts = option_rows(results, by)
     if opts:
         print()
         print("gather options (o): (e) npyfeed mmap, warm, with one option each, against plain (e) mmap of the same "
@@ -1085,50 +934,45 @@ def main(argv=None) -> int:
         common.write_json(args.json, {
             "bench": "bench_windows", "config": vars(args), "machine": common.machine_info(),
             "load_average": {"before": load_before, "after": load_after},
-            "limits_gbps": {k: v for k, v in limits.items()} | {"copy_1": copy_1},
+            "limits_gbps": limits | {"copy_1": copy_1},
             "limits_samples_per_s": {f"{d}/{c}": v for (d, c), v in limit_rate.items()},
             "results": results_json, "targets": targets, "max_residency_after_evict": residency,
             "gather_options": [dict(zip(OPTION_HEADER, o)) for o in opts]})
     return 0
 
 
-def evaluate_targets(by, limit_rate, dtypes) -> list:
+def evaluate_targets(by: dict, limit_rate: dict, dtypes) -> list:
+    """The issue's targets per source dtype (best rounds); a target of a cold row that was not cold is n/a."""
     out = []
 
     def add(target, dtype, value, needed, threshold, shown=None, cold_rows=()):
-        ok = None if value is None or threshold is None else value >= threshold
+        ok = None if value is None else value >= threshold
         if any(r is not None and r.residency > MAX_COLD_RESIDENCY for r in cold_rows):
             ok = None  # not measured cold
-        status = "-" if threshold is None else "n/a" if ok is None else ("met" if ok else "MISSED")
         out.append({"target": target, "dtype": dtype, "value": value, "needed": needed,
                     "measured": shown if shown is not None else common.fmt(value, ".3f", "x"),
-                    "status": status, "met": ok})
-
-    def ratio(x, y):
-        return x.best / y.best if (x and y) else None
+                    "status": "n/a" if ok is None else ("met" if ok else "MISSED"), "met": ok})
 
     for dtype in dtypes:
-        copy = limit_rate.get((dtype, "warm"))
+        got = by.get(dtype, {}).get
+        copy, disk, cached = (limit_rate.get((dtype, cache)) for cache in ("warm", "cold", "cold page cache"))
         for mode in ("mmap", "read"):
-            e = by.get((f"e-{mode}", dtype, "warm"))
+            e = got(f"e-{mode} warm")
             if e:
                 add(f"(e) {mode} warm vs {copy[0] if copy else 'copy'} limit", dtype,
                     e.best / copy[1] if copy else None, ">= 0.800x", 0.8)
-        f, e, a = by.get(("f-mmap", dtype, "warm")), by.get(("e-mmap", dtype, "warm")), by.get(("a", dtype, "warm"))
+        f, e, a, t = got("f-mmap warm"), got("e-mmap warm"), got("a warm"), got("t warm")
         if f:
             add("(f) warm vs (e) mmap warm", dtype, ratio(f, e), ">= 0.950x", 0.95)  # issue 11 (was 0.8)
             cpu = f.best_cpu_us / e.best_cpu_us if (e and f.best_cpu_us and e.best_cpu_us) else None
             add("(f) warm cpu/sample vs (e)", dtype, None if cpu is None else 1.1 / cpu, "<= 1.10x", 1.0,
                 common.fmt(cpu, ".3f", "x"))
             add("(f) warm vs (a) warm", dtype, ratio(f, a), ">= 75x", 75, common.fmt(ratio(f, a), ".0f", "x"))
-        t = by.get(("t", dtype, "warm"))
-        if f and t:
-            add("(f) warm vs (t) TF in-RAM gather", dtype, ratio(f, t), ">= 1.300x", 1.3)
-        disk = limit_rate.get((dtype, "cold"))
-        cached = limit_rate.get((dtype, "cold page cache"))
-        m = by.get(("m", dtype, "cold"))
+            if t:
+                add("(f) warm vs (t) TF in-RAM gather", dtype, ratio(f, t), ">= 1.300x", 1.3)
+        m = got("m cold")
         for mode in ("mmap", "read", "direct"):
-            e = by.get((f"e-{mode}", dtype, "cold"))
+            e = got(f"e-{mode} cold")
             if e:
                 add(f"(e) {mode} cold vs {disk[0] if disk else 'random read'} limit", dtype,
                     e.best / disk[1] if disk else None, ">= 0.800x", 0.8, cold_rows=(e,))
