@@ -13,8 +13,7 @@ device's rate of 4 KiB O_DIRECT reads at random offsets, ``--probe-threads`` at 
 
 ``--scenarios index`` (issue 8, item 1): the compiled index cache, over an index with a line per window (65.8M
 lines at 14,000 keys, written once beside the data set), mode "mmap": ``compile`` (an empty cache dir: the open
-parses the index in parallel and writes the cache), ``cached`` (the cache file mapped), ``index only`` (no data
-files), ``no cache`` (``cache=False``: the index in this process's memory, 12 bytes per sample), and
+parses the index in parallel and writes the cache), ``cached`` (the cache file mapped), ``no cache`` (``cache=False``: the index in this process's memory, 12 bytes per sample), and
 ``--processes`` processes started together on an empty cache dir (one builds, the others wait), then on the cache
 it left. Each: seconds to open and to the first shuffled batch (checked against numpy), RssAnon (what the issue
 measures), Private (smaps_rollup: anonymous plus file pages only this process maps) and PSS, before and after.
@@ -65,26 +64,18 @@ def open_files(cfg: dict) -> dict:
 def open_index(cfg: dict) -> dict:
     """An index scenario in this fresh process: seconds (wall, and CPU of all its threads: what an idle machine's
     wall time tracks) to open and to the first batch, the cache file mapped, memory before and after."""
-    from npyfeed import _window_inputs  # noqa: PLC0415 (this build only: a --baseline may predate it)
-
     before, c0, t0 = common.process_memory(), time.process_time(), time.perf_counter()
-    if cfg["scenario"] == "index only":
-        index, cache, _ = _window_inputs.load_index(cfg["index"], True, cfg["cache_dir"], cfg["threads"])
-        result = {"open_s": time.perf_counter() - t0, "open_cpu_s": time.process_time() - c0, "samples": len(index)}
-    else:
-        src = npyfeed.WindowSource(cfg["index"], cfg["factor_dir"], cfg["label_dir"], cfg["window"], mode="mmap",
-                                   threads=cfg["threads"], cache=cfg["scenario"] != "no cache",
-                                   cache_dir=cfg["cache_dir"])
-        result = {"open_s": time.perf_counter() - t0, "open_cpu_s": time.process_time() - c0, "samples": len(src)}
-        with src.batches(256, shuffle=True, seed=1) as it:
-            x, _ = next(it)
-        result.update(first_batch_s=time.perf_counter() - t0, first_batch_cpu_s=time.process_time() - c0)
-        text = src.describe(int(src.epoch_order(0, shuffle=True, seed=1)[0]))  # the batch's first sample
-        key, feature = text.split("key '")[1].split("'")[0], int(text.split("feature_index ")[1].split(",")[0])
-        expected = np.load(os.path.join(cfg["factor_dir"], f"{key}.npy"))[feature - cfg["window"] + 1:feature + 1]
-        result["checked"] = bool(np.array_equal(x[0], expected))
-        cache = src.index_cache
-    return dict(result, cache=cache, before=before, after=common.process_memory())
+    src = npyfeed.WindowSource(cfg["index"], cfg["factor_dir"], cfg["label_dir"], cfg["window"], mode="mmap",
+                               threads=cfg["threads"], cache=cfg["scenario"] != "no cache", cache_dir=cfg["cache_dir"])
+    result = {"open_s": time.perf_counter() - t0, "open_cpu_s": time.process_time() - c0, "samples": len(src)}
+    with src.batches(256, shuffle=True, seed=1) as it:
+        x, _ = next(it)
+    result.update(first_batch_s=time.perf_counter() - t0, first_batch_cpu_s=time.process_time() - c0)
+    text = src.describe(int(src.epoch_order(0, shuffle=True, seed=1)[0]))  # the batch's first sample
+    key, feature = text.split("key '")[1].split("'")[0], int(text.split("feature_index ")[1].split(",")[0])
+    expected = np.load(os.path.join(cfg["factor_dir"], f"{key}.npy"))[feature - cfg["window"] + 1:feature + 1]
+    result["checked"] = bool(np.array_equal(x[0], expected))
+    return dict(result, cache=src.index_cache, before=before, after=common.process_memory())
 
 
 def data_paths(factor_dir: str, label_dir: str) -> list:
@@ -182,10 +173,9 @@ def index_row(name: str, results: list) -> list:
     """An index scenario's table row: the slowest process's times, memory summed over its processes."""
     anon, base = (sum(r[when]["rss_anon"] for r in results) for when in ("after", "before"))
     samples = results[0]["samples"]
-    first = [r["first_batch_s"] for r in results if "first_batch_s" in r]
     return [name, len(results), f"{samples:,}", f"{max(r['open_s'] for r in results):.2f}",
-            f"{max(first):.2f}" if first else "-",
-            f"{max(r.get('first_batch_cpu_s', r['open_cpu_s']) for r in results):.2f}", f"{anon / MB:.0f}",
+            f"{max(r['first_batch_s'] for r in results):.2f}",
+            f"{max(r['first_batch_cpu_s'] for r in results):.2f}", f"{anon / MB:.0f}",
             f"{(anon - base) / MB:.0f}", f"{(anon - base) / len(results) / samples:.2f}",
             f"{sum(r['after']['private'] for r in results) / MB:.0f}",
             f"{sum(r['after']['pss'] for r in results) / MB:.0f}"]
@@ -197,8 +187,7 @@ def measure_index(args, base: dict, index: str, cache_root: Path) -> list:
     shutil.rmtree(cache_root, ignore_errors=True)
     load_before = common.load_average()
     n = args.processes
-    runs = [("compile (empty cache)", "cache", 1), ("cached", "cache", 1), ("index only (cached)", "index only", 1),
-            ("no cache (cache=False)", "no cache", 1)]
+    runs = [("compile (empty cache)", "cache", 1), ("cached", "cache", 1), ("no cache (cache=False)", "no cache", 1)]
     runs += [(f"{n} at once, empty cache", "cache", n), (f"{n} at once, cached", "cache", n)] if n > 0 else []
     rows, records = [], []
     for name, scenario, processes in runs:

@@ -306,7 +306,7 @@ def test_blocks_over_the_device_budget_stream_each_block_once_per_epoch(tf, boun
         uploaded = on_device.uploaded_bytes - before
         straddler_bytes = straddlers * ((BATCH * WINDOW + 1) * 3 + (BATCH + 1) * 2) * 4
         assert data_bytes <= uploaded <= data_bytes + len(table) * 5 * 4 + straddler_bytes
-        assert uploaded == npyfeed._core.testing.streamed_epoch_bytes(on_device.host_rows, epoch)  # what bench_gpu counts, without IO
+        assert uploaded == npyfeed._core.testing.streamed_epoch_bytes(on_device.host_rows, epoch)  # counted without reading
     assert _pipeline(ds).batches.streams_started == 0  # the plan's host gather never ran
     assert on_device.host_bytes_per_step == 4 * 8 * BATCH  # per step, four int64 per sample
     # The plan's statistics: what was uploaded, and the samples of both epochs' batches formed on the device.

@@ -1,7 +1,7 @@
-// _core.testing: the one hook for what only tests and benchmarks ask of the core (no public API reaches it):
-// the blocks of a shard's epoch under shuffle="blocks" (to count the block reads the statistics report) and the
-// bytes a streamed device epoch uploads (to check the device statistics, and the GPU benchmark's host->device
-// figure). Nothing in the package calls it.
+// _core.testing: the one hook for what only tests ask of the core (no public API reaches it): the blocks of a
+// shard's epoch under shuffle="blocks" (to count the block reads the statistics report) and the bytes a streamed
+// device epoch uploads, counted without reading (to check the device statistics). Nothing in the package or the
+// benchmarks calls it.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -17,7 +17,7 @@
 namespace npyfeed::bindings {
 
 void bind_testing(py::module_& m) {
-  py::module_ testing = m.def_submodule("testing", "For tests and benchmarks only: not part of npyfeed's API.");
+  py::module_ testing = m.def_submodule("testing", "For tests only: not part of npyfeed's API.");
   testing.def(
       "shard_blocks",
       [](const EpochPlan& plan, std::uint64_t epoch) {
