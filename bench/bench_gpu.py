@@ -27,10 +27,9 @@ copy limit: ``tf.identity`` under ``tf.device``, from a tensor in ordinary host 
   ready     a ``numpy_function`` returning the same ready, aligned batch every time: the copy alone (and
             TensorFlow's own work per element), nothing gathered
 
-torch: ``npyfeed.torch.WindowDataset`` and the core's device half (``_core.DeviceRows``, what ``gather="device"``
-uses). Before timing, each feed's first batches are checked against the host batches of the same plan, element for
-element (the device feed's too: its gather is the one under test). The copy limits: from ordinary and from
-page-locked memory.
+torch: ``npyfeed.torch.WindowDataset``. Before timing, each feed's first batches are checked against the host
+batches of the same plan, element for element (the device feed's too: its gather is the one under test). The copy
+limits: from ordinary and from page-locked memory.
 
   pageable  npyfeed's batches (ordinary pages) copied on a copy stream of their own (``.to(device,
             non_blocking=True)``), the compute stream waiting on each copy: a prefetcher as PyTorch users write one
@@ -38,8 +37,9 @@ page-locked memory.
             pin_memory=True)`` does), then to the GPU asynchronously: one host copy more, a faster DMA
   pinned    ``WindowDataset(..., device=...)``: the batches gathered into page-locked buffers of npyfeed's
             (``Plan.batches(pin_memory=True)``), copied on a stream of its own, no host copy
-  device    the arrays uploaded once; each step's host part only the start rows (``DeviceRows.rows``: 4 x B
-            int64), the batch formed on the GPU by one gather of factor rows and one of label rows
+  device    ``WindowDataset(..., gather="device", device=...)``: the arrays uploaded once; each step's host part
+            only the start rows (4 x B int64), the batch formed on the GPU by one gather of factor rows and one of
+            label rows
   ready     one ready batch in ordinary memory, copied every step: the copy alone, nothing gathered
 
 Without a GPU it says so and exits 0; ``--device /cpu:0`` (tf) or ``--device cpu`` (torch) runs every step on the
@@ -231,18 +231,14 @@ class TorchFeeds(Feeds):
     def __init__(self, args, device: str, src, plan, _ds):
         import npyfeed.torch as nft  # noqa: PLC0415
         import torch  # noqa: PLC0415
-        from npyfeed import _core  # noqa: PLC0415 - the device half: what npyfeed.tf's gather="device" uses
-
-        self.torch, self.src, self.plan, self.window, self.nft = torch, src, plan, args.window, nft
+        self.torch, self.src, self.plan, self.nft = torch, src, plan, nft
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.device_name = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
         self.where = f"{self.device} ({self.device_name}), PyTorch {torch.__version__}"
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self.pad = src.bounds == "pad"
-        self.host_rows = _core.DeviceRows(plan._core, "float32")
-        self.factors, self.labels_resident = (torch.from_numpy(self.host_rows.read_resident(label)).to(self.device)
-                                              for label in (False, True))  # (rows + 1, row elements), zeros last
+        self.on_device = nft.WindowDataset(src, plan.batch_size, shuffle=True, seed=0, drop_remainder=True,
+                                           gather="device", device=self.device)  # the arrays uploaded once
         self.x_shape, self.y_shape = tuple(src.x_shape), tuple(src.y_shape)
         b = plan.batch_size
         self.ready_x = torch.from_numpy(common.aligned_float32((b, *self.x_shape)))
@@ -307,17 +303,8 @@ class TorchFeeds(Feeds):
             yield sent
 
     def _device(self, epoch):
-        torch = self.torch
-        j = torch.arange(self.window, device=self.device)
-        zero_row = self.factors.shape[0] - 1
-        for b in range(len(self.plan)):
-            start, lo, hi, y_row = self._sent(*(torch.from_numpy(a) for a in self.host_rows.rows(epoch, b)))
-            rows = start[:, None] + j[None, :]
-            if self.pad:
-                valid = (j[None, :] >= lo[:, None]) & (j[None, :] < hi[:, None])
-                rows = torch.where(valid, rows, torch.full_like(rows, zero_row))
-            yield (self.factors[rows].reshape(len(start), *self.x_shape),
-                   self.labels_resident[y_row].reshape(len(start), *self.y_shape))
+        self.on_device.set_epoch(epoch)
+        return iter(self.on_device)
 
     def _ready(self, _epoch):
         for _ in range(len(self.plan)):

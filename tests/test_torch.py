@@ -1,10 +1,12 @@
 """npyfeed.torch.WindowDataset: each iter() is the next epoch of the numpy iterator (``src.batches``, the oracle)
 for every order kind and rank, as tensors sharing npyfeed's batch memory; in a DataLoader; ranks from
 torch.distributed; state_dict/load_state_dict (also through torchdata's StatefulDataLoader) resume with the next
-batch, across epoch boundaries; worker processes and pickling are refused with the reason."""
+batch, across epoch boundaries; worker processes and pickling are refused with the reason; gather="device" forms
+the same batches on the device (the CPU here, a GPU where there is one), resident or streamed."""
 
 from __future__ import annotations
 
+import functools
 import pickle
 
 import npyfeed
@@ -234,6 +236,96 @@ def test_batches_on_the_gpu_equal_the_numpy_iterator(src, shuffle):
             got.append((x.cpu(), y.cpu()))
         _assert_same(got, _expected(src, epoch, shuffle=shuffle, seed=3))
     assert ds.epoch == 3
+
+
+@pytest.fixture(scope="module")
+def pad_src():
+    """Windows that start before their key's first row (bounds="pad": zero rows there), 1-d label files."""
+    rng = np.random.default_rng(11)
+    keys = "abcdefgh"
+    factors = {k: rng.standard_normal((20 + i, 3)).astype(np.float32) for i, k in enumerate(keys)}
+    labels = {k: rng.standard_normal(20 + i).astype(np.float32) for i, k in enumerate(keys)}
+    index = [(f, f, k) for k in keys for f in range(20)]
+    return npyfeed.WindowSource.from_arrays(index, factors, labels, 4, bounds="pad")
+
+
+def _device_dataset(src, device, streamed, **kwargs):
+    make = functools.partial(nft.WindowDataset, src, 5, memory_budget=BUDGET, gather="device", device=device, **kwargs)
+    if not streamed:
+        return make()
+    # A byte under what the resident arrays and 4 batches need: over two blocks (BUDGET: blocks of a key or two).
+    return make(device_memory_budget=make()._on_device.layout.needed_bytes - 1)
+
+
+def _devices():
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("which", ["src", "pad_src"])
+@pytest.mark.parametrize("shuffle, streamed", [(False, False), (True, False), ("blocks", False), ("blocks", True)],
+                         ids=["in_order", "shuffled", "blocks", "blocks_streamed"])
+def test_batches_formed_on_the_device_equal_the_numpy_iterator(request, device, which, shuffle, streamed):
+    """gather="device": each pass is the next epoch of the numpy iterator, element for element, on the device;
+    over the budget each block is uploaded once per epoch; a pass resumes at a saved batch, inside a group too."""
+    src = request.getfixturevalue(which)
+    ds = _device_dataset(src, device, streamed, shuffle=shuffle, seed=3, epoch=1, rank=1, world_size=2)
+    assert ds._on_device.layout.streams == streamed
+    resident_bytes = ds.stats()["device_bytes"]
+    assert (resident_bytes == 0) == streamed  # resident: uploaded once, at construction
+    kwargs = dict(shuffle=shuffle, seed=3, num_shards=2, shard_index=1)
+    for epoch in (1, 2):
+        got = list(ds)
+        assert all(x.device.type == device and y.device.type == device for x, y in got)
+        _assert_same([(x.cpu(), y.cpu()) for x, y in got], _expected(src, epoch, **kwargs))
+    uploaded = ds.stats()["device_bytes"]
+    assert uploaded > 2 * resident_bytes if streamed else uploaded == resident_bytes
+    assert ds.stats()["batches"] == 2 * len(ds)
+    start = 3
+    if streamed:  # inside a group of several batches: its upload read, its first batches not served
+        start = next(int(first) + 1 for first, end, _, _ in ds._on_device.host_rows.groups(4) if end - first > 1)
+    ds.load_state_dict({"epoch": 4, "batch": start})
+    _assert_same([(x.cpu(), y.cpu()) for x, y in ds], _expected(src, 4, start_batch=start, **kwargs))
+
+
+@pytest.mark.parametrize("storage", ["float16", "bfloat16"])
+def test_storage_dtype_rounds_once_as_torch(src, storage):
+    """storage_dtype=: the arrays held in half precision, the batches converted back to float32 when formed: what
+    rounding each value to that type gives."""
+    ds = nft.WindowDataset(src, 5, shuffle=True, seed=2, gather="device", device="cpu", storage_dtype=storage)
+    kind = getattr(torch, storage)
+    got = list(ds)
+    expected = _expected(src, 0, shuffle=True, seed=2)
+    assert len(got) == len(expected)
+    for (x, y), (ex, ey) in zip(got, expected):
+        assert x.dtype == torch.float32
+        assert torch.equal(x, torch.from_numpy(ex).to(kind).to(torch.float32))
+        assert torch.equal(y, torch.from_numpy(ey).to(kind).to(torch.float32))
+    assert not torch.equal(got[0][0], torch.from_numpy(expected[0][0]))  # rounded indeed
+
+
+def test_device_gather_arguments(src):
+    with pytest.raises(ValueError, match="gather must be 'host' or 'device'"):
+        nft.WindowDataset(src, 5, gather="gpu")
+    with pytest.raises(TypeError, match="gather must be"):
+        nft.WindowDataset(src, 5, gather=1)
+    with pytest.raises(ValueError, match="needs device="):
+        nft.WindowDataset(src, 5, gather="device")
+    with pytest.raises(ValueError, match="gather='device' only"):
+        nft.WindowDataset(src, 5, storage_dtype="float16")
+    with pytest.raises(ValueError, match="storage_dtype"):
+        nft.WindowDataset(src, 5, gather="device", device="cpu", storage_dtype="int8")
+    with pytest.raises(ValueError, match=r"needs \d+ bytes .* over the device_memory_budget of 100 bytes.*shard_by"):
+        nft.WindowDataset(src, 5, shuffle=True, gather="device", device="cpu", device_memory_budget=100)
+    with pytest.raises(ValueError, match=r"holds 2 blocks of up to \d+ bytes.*device_memory_budget of 100 bytes"):
+        nft.WindowDataset(src, 5, shuffle="blocks", memory_budget=BUDGET, gather="device", device="cpu",
+                          device_memory_budget=100)
+    with pytest.raises(ValueError, match="device_memory_budget"):
+        nft.WindowDataset(src, 5, gather="device", device="cpu", device_memory_budget=0)
+    transformed = npyfeed.WindowSource.from_arrays([(5, 5, "a")], {"a": np.ones((9, 3), np.float32)},
+                                                   {"a": np.ones((9, 2), np.float32)}, 4, features=[0, 2])
+    with pytest.raises(ValueError, match="does not apply features="):
+        nft.WindowDataset(transformed, 1, gather="device", device="cpu")
 
 
 RANK = """

@@ -12,15 +12,26 @@ there to the end of that epoch; after an epoch's last batch the position is the 
 pass over a ``DataLoader`` is the next epoch. `set_epoch` moves it, like ``DistributedSampler.set_epoch``;
 ``state_dict()`` / ``load_state_dict()`` save and restore it, as torchdata's ``StatefulDataLoader`` calls them.
 The position is kept in the epoch cursor the Keras adapter shares (``npyfeed._epochs.EpochCursor``).
+
+``gather="device"`` forms the batches on the device instead: the arrays of the plan's keys are uploaded once
+(resident) or block by block (``shuffle="blocks"`` over ``device_memory_budget``; what fits is decided by
+``npyfeed._device_budget``, as for ``npyfeed.tf``), and each batch is sent as start rows (``_core.DeviceRows``, the
+host half both adapters share) and formed there by one gather of factor rows and one of label rows.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import sys
 
+import numpy as np
+
+from . import _checks, _core
 from . import stats as _stats
+from ._device_budget import DEFAULT_BUDGET_SHARE, device_layout
 from ._epochs import EpochCursor
+from ._resources import available_memory
 from .plan import DEFAULT_MEMORY_BUDGET
 
 try:
@@ -78,6 +89,100 @@ def _cuda_device(device):
     return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
 
 
+def _gather_device(device):
+    """The device of ``gather="device"``: a CUDA device (with its index) or the CPU."""
+    if device is None:
+        raise ValueError("npyfeed.torch.WindowDataset: gather='device' needs device= (a CUDA device, or 'cpu')")
+    if torch.device(device).type == "cpu":
+        return torch.device("cpu")
+    return _cuda_device(device)
+
+
+#: The torch dtypes of the storage and output dtypes' names.
+_TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+                 "float64": torch.float64}
+
+
+class _DeviceGather:
+    """``gather="device"``: the arrays of a plan's keys on `device`, resident or streamed (`layout`), and each
+    batch formed there from its start rows."""
+
+    def __init__(self, src, plan, device, budget: int | None, storage_dtype):
+        storage = str(storage_dtype) if storage_dtype is not None else np.dtype(src.dtype).name
+        # The core's host half: it checks `storage` and refuses a source that transforms its rows.
+        self.host_rows = _core.DeviceRows(plan._core, storage)
+        self.plan, self.device, self.window, self.pad = plan, device, src.window, src.bounds == "pad"
+        self.x_shape, self.y_shape = tuple(src.x_shape), tuple(src.y_shape)
+        self.out_dtype = _TORCH_DTYPES[np.dtype(src.dtype).name]
+        self.storage = _TORCH_DTYPES[self.host_rows.storage_dtype]
+        batch_bytes = plan.batch_size * (math.prod(self.x_shape) + math.prod(self.y_shape)) * self.out_dtype.itemsize
+        if budget is None:
+            budget = int(_free_bytes(device) * DEFAULT_BUDGET_SHARE)
+        self.layout = device_layout(self.host_rows, plan, batch_bytes, budget, str(device))
+        self.copies = torch.cuda.Stream(device) if device.type == "cuda" else None
+        if not self.layout.streams:
+            self.factors, self.labels = (self._upload(self.host_rows.read_resident(label)) for label in (False, True))
+
+    def _upload(self, rows: np.ndarray):
+        """Host rows (the core's, in the storage dtype; bfloat16 as its bits, uint16) as a tensor on the device."""
+        host = torch.from_numpy(rows)
+        return self._sent(host.view(torch.bfloat16) if self.storage == torch.bfloat16 else host)
+
+    def _sent(self, host):
+        """`host` (ordinary memory) on the device. On a GPU it is copied on a stream of the dataset's own, so that
+        the copy does not wait for the work queued on the current stream (a copy from ordinary memory returns
+        once it is done), and the current stream waits for it."""
+        if self.copies is None:
+            return host.to(self.device)
+        with torch.cuda.stream(self.copies):
+            sent = host.to(self.device, non_blocking=True)
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(self.copies)
+        sent.record_stream(current)  # allocated on the copy stream, used on the current one
+        return sent
+
+    def batches(self, epoch: int, start: int):
+        """``(b, x, y)`` for batches `start`.. of epoch `epoch`, formed on the device."""
+        if not self.layout.streams:
+            for b in range(start, len(self.plan)):
+                yield (b, *self._form(self.factors, self.labels, self.host_rows.rows(epoch, b)))
+            return
+        for g, (first, end, _, _) in enumerate(self.host_rows.groups(epoch).tolist()):
+            if end <= start:
+                continue  # before the pass's first batch: not read
+            factors, labels, *rows, ends = self.host_rows.group(epoch, g)
+            factors, labels = self._upload(factors), self._upload(labels)
+            begins = [0, *ends[:-1].tolist()]  # batch b of the group is samples [begins[b], ends[b]) of `rows`
+            for b, (begin, stop) in enumerate(zip(begins, ends.tolist()), first):
+                if b >= start:
+                    yield (b, *self._form(factors, labels, [r[begin:stop] for r in rows]))
+
+    def _form(self, factors, labels, rows):
+        """The batch of start rows `rows` (start, first valid window row, end of them, label row) from `factors`
+        and `labels` (their last row zeros), on the device: one gather each."""
+        start, lo, hi, y_row = self._sent(torch.from_numpy(np.stack(rows))).unbind(0)
+        j = torch.arange(self.window, device=self.device)
+        x_rows = start[:, None] + j[None, :]
+        if self.pad:
+            valid = (j[None, :] >= lo[:, None]) & (j[None, :] < hi[:, None])
+            x_rows = torch.where(valid, x_rows, torch.full_like(x_rows, factors.shape[0] - 1))
+        n = len(start)
+        return (factors[x_rows].to(self.out_dtype).reshape(n, *self.x_shape),
+                labels[y_row].to(self.out_dtype).reshape(n, *self.y_shape))
+
+
+def _free_bytes(device) -> int:
+    """Bytes `device` can still hold: on a GPU what the CUDA driver has free plus what PyTorch's caching allocator
+    holds unused; on the CPU the memory available."""
+    if device.type == "cpu":
+        free = available_memory()
+        if free is None:
+            raise ValueError("gather='device': cannot tell the memory available; pass device_memory_budget")
+        return free
+    free, _total = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
 class WindowDataset(IterableDataset):
     """An ``IterableDataset`` of ``(x, y)`` tensor batches from `src`, one epoch per ``iter()``, for shard
     `shard_index` of `num_shards` (``rank`` of ``world_size``).
@@ -113,7 +218,22 @@ class WindowDataset(IterableDataset):
         (`Plan.batches` with ``pin_memory=True``) and copied to the device on a CUDA stream of their own, so the
         copy of one batch runs while the GPU computes on the one before; the current stream waits for each
         copy, and a buffer is gathered into again only after its copy is done. Default: CPU tensors that share
-        npyfeed's buffers.
+        npyfeed's buffers. With ``gather="device"``: where the batches are formed (a CUDA device, or ``"cpu"``).
+    gather : {"host", "device"}
+        ``"host"`` (the default): npyfeed's C++ gather forms each batch in host memory. ``"device"``: the arrays
+        of the plan's keys are uploaded to `device` once (the shard's keys under ``shard_by="keys"``), each step
+        sends only start rows (four int64 per sample) and the batch is formed there with one gather of factor rows
+        and one of label rows: the same batches, orders, shards and positions as ``"host"``, ``bounds="pad"``
+        reading zero rows; not for a source that transforms its rows (``features=``, ``normalize=``, ...). Over
+        `device_memory_budget`, ``shuffle="blocks"`` streams: each block uploaded once per epoch when its first
+        batch is asked for (other orders raise ``ValueError`` saying what fits).
+    device_memory_budget : int, optional
+        With ``gather="device"``: the most bytes the device may hold for this dataset (the arrays, or two blocks,
+        and 4 batches). Default: 80% of the device's free memory (on a GPU, the driver's free memory plus what
+        PyTorch's caching allocator holds unused; on the CPU, the memory available).
+    storage_dtype : {"float16", "bfloat16", "float32", "float64"}, optional
+        With ``gather="device"``: the type the arrays are held in on the device (default ``src.dtype``); the
+        batches are converted to ``src.dtype`` when formed.
 
     Notes
     -----
@@ -139,7 +259,8 @@ class WindowDataset(IterableDataset):
     def __init__(self, src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, epoch: int = 0,
                  num_shards: int | None = None, shard_index: int | None = None, shard_by: str = "samples",
                  rank: int | None = None, world_size: int | None = None, drop_remainder: bool = False,
-                 memory_budget: int = DEFAULT_MEMORY_BUDGET, prefetch: int = 2, device=None):
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET, prefetch: int = 2, device=None, gather: str = "host",
+                 device_memory_budget: int | None = None, storage_dtype=None):
         if (num_shards is not None or shard_index is not None) and (rank is not None or world_size is not None):
             raise ValueError("npyfeed.torch.WindowDataset: give num_shards=/shard_index= or their torch.distributed "
                              "names world_size=/rank=, not both")
@@ -153,7 +274,20 @@ class WindowDataset(IterableDataset):
                               prefetch=prefetch)
         self._cursor = EpochCursor(len(self._plan), epoch)
         _stats.register(self, self._plan)
-        self._device = _cuda_device(device)
+        if gather not in ("host", "device"):
+            raise (ValueError if isinstance(gather, str) else _checks.ArgumentTypeError)(
+                f"npyfeed.torch.WindowDataset: gather must be 'host' or 'device', got {gather!r}")
+        self._on_device = None
+        if gather == "host":
+            if device_memory_budget is not None or storage_dtype is not None:
+                raise ValueError("npyfeed.torch.WindowDataset: device_memory_budget= and storage_dtype= apply to "
+                                 "gather='device' only")
+            self._device = _cuda_device(device)
+        else:
+            if device_memory_budget is not None:
+                device_memory_budget = _checks.positive(device_memory_budget, "device_memory_budget")
+            self._device = _gather_device(device)
+            self._on_device = _DeviceGather(src, self._plan, self._device, device_memory_budget, storage_dtype)
 
     def stats(self) -> dict:
         """Live statistics of this dataset's plan (`npyfeed.Plan.stats`)."""
@@ -234,6 +368,11 @@ class WindowDataset(IterableDataset):
     def _epoch_batches(self):
         # The position is read at the first next(), so a load_state_dict() made after iter() still counts.
         epoch, start = self._cursor.next_pass()
+        if self._on_device is not None:
+            for b, x, y in self._on_device.batches(epoch, start):
+                self._cursor.served(b, epoch)
+                yield x, y
+            return
         if self._device is not None:
             yield from self._device_batches(epoch, start)
             return

@@ -7,8 +7,9 @@ then one zero row that windows read for rows outside their key's array (``bounds
 the pipeline, uploaded once) or streamed (``shuffle="blocks"`` over the budget: groups of batches sharing one
 block's upload, a batch over two blocks a group of its own). The host's half, the layout, the reads through the
 source's readers, the conversion to the storage dtype and each batch's start rows, is the core's
-(``_core.DeviceRows``, ``csrc/npyfeed/device/device_rows.hpp``); this module decides what fits on the device and forms
-the batches there.
+(``_core.DeviceRows``, ``csrc/npyfeed/device/device_rows.hpp``), and what fits on the device is decided by
+``npyfeed._device_budget``, both shared with ``npyfeed.torch``; this module measures the device's free memory and
+forms the batches there.
 """
 
 from __future__ import annotations
@@ -19,20 +20,12 @@ import numpy as np
 import tensorflow as tf
 
 from .. import _core
+from .._device_budget import BATCHES_HELD, DEFAULT_BUDGET_SHARE, device_layout
 from .._resources import available_memory, environment
-from ..plan import shuffle_kind
 
-#: Share of the device's free memory (of the memory available, on the CPU) a pipeline may upload by default.
-DEFAULT_BUDGET_SHARE = 0.8
-
-#: Streamed: groups held on the device at once (the one being consumed and the next one, uploading).
-GROUPS_HELD = 2
 #: In a graph (tf.compat.v1, tf.estimator), resident arrays are constants of the graph, whose protocol buffer
 #: holds at most 2 GB: past this many bytes, shuffle="blocks" streams instead (groups flow through the pipeline).
 GRAPH_CONSTANT_BYTES = 1 << 30
-#: Formed batches the device may hold at once beside the arrays (the pipeline's prefetch, one being formed, one
-#: in the model's hands), counted in the budget.
-BATCHES_HELD = 4
 
 
 def device_free_bytes(device: str) -> int | None:
@@ -160,7 +153,6 @@ class DeviceGather:
         self.pad = src.bounds == "pad"
         self.host_rows = host_rows  # the core's half, which the pipeline's feed calls
         self._plan = plan
-        needed = self.host_rows.resident_bytes
         batch_bytes = self.batch_size * self.sample_bytes
         if budget is None:
             free = device_free_bytes(device)
@@ -168,35 +160,18 @@ class DeviceGather:
                 raise ValueError(f"gather='device': cannot tell the free memory of {device}; pass device_memory_budget")
             budget = int(free * DEFAULT_BUDGET_SHARE)
         self.budget = budget
-        in_graph = not tf.executing_eagerly()
-        resident_limit = min(budget, GRAPH_CONSTANT_BYTES + BATCHES_HELD * batch_bytes) if in_graph else budget
-        self.streams = needed + BATCHES_HELD * batch_bytes > resident_limit
+        # In a graph, resident arrays are graph constants (GRAPH_CONSTANT_BYTES).
+        graph_limit = None if tf.executing_eagerly() else GRAPH_CONSTANT_BYTES + BATCHES_HELD * batch_bytes
+        layout = device_layout(
+            host_rows, plan, batch_bytes, budget, device, resident_limit=graph_limit,
+            resident_refused=f"gather='device' in a graph (tf.compat.v1, tf.estimator) holds its arrays as graph "
+                             f"constants, at most {GRAPH_CONSTANT_BYTES} bytes, and these are "
+                             f"{host_rows.resident_bytes}: use shuffle='blocks' (streamed, no constants), "
+                             f"shard_by='keys', a smaller storage_dtype, eager execution, or gather='host'")
+        self.streams, self.needed_bytes, self.group_bytes = layout.streams, layout.needed_bytes, layout.group_bytes
         if not self.streams:
-            self.needed_bytes = needed + BATCHES_HELD * batch_bytes
             self.factors = self._upload_resident(False, device)
             self.labels = self._upload_resident(True, device)
-            return
-        blocks = shuffle_kind(plan.shuffle) == "blocks"
-        keys = len(self.host_rows.keys)
-        if not blocks and needed + BATCHES_HELD * batch_bytes <= budget:
-            raise ValueError(
-                f"gather='device' in a graph (tf.compat.v1, tf.estimator) holds its arrays as graph constants, "
-                f"at most {GRAPH_CONSTANT_BYTES} bytes, and these are {needed}: use shuffle='blocks' (streamed, no "
-                f"constants), shard_by='keys', a smaller storage_dtype, eager execution, or gather='host'")
-        if not blocks:
-            raise ValueError(
-                f"gather='device' needs {needed + BATCHES_HELD * batch_bytes} bytes on {device} for the arrays of "
-                f"{keys} keys and {BATCHES_HELD} batches, over the device_memory_budget of {budget} bytes; use "
-                f"shuffle='blocks' (each block uploaded once per epoch), shard_by='keys' (each process uploads its "
-                f"shard's keys only), a smaller storage_dtype (e.g. 'float16'), or gather='host'")
-        self.group_bytes = self.host_rows.largest_group_bytes
-        self.needed_bytes = GROUPS_HELD * self.group_bytes + BATCHES_HELD * batch_bytes
-        if self.needed_bytes > budget:
-            raise ValueError(
-                f"gather='device' with shuffle='blocks' holds {GROUPS_HELD} blocks of up to {self.group_bytes} "
-                f"bytes on {device} (memory_budget={plan.memory_budget}: blocks of up to half of it in data bytes) and "
-                f"{BATCHES_HELD} batches: {self.needed_bytes} bytes, over the device_memory_budget of {budget} "
-                f"bytes; use a smaller memory_budget, a smaller storage_dtype (e.g. 'float16'), or gather='host'")
 
     @property
     def host_bytes_per_step(self) -> int:
