@@ -1,8 +1,6 @@
 """npyfeed: fast, safe feeding of NumPy `.npy` files into training."""
 
-from importlib.metadata import PackageNotFoundError, version
-
-from ._build_info import build_info
+from ._build_info import __version__, build_info
 from ._core import ClosedError, FileChangedError, NpyFormatError
 from ._resources import settings
 from .index_check import IndexProblem, IndexReport, check_index
@@ -10,12 +8,6 @@ from .loading import MODES, Header, load, load_factor_files, load_many, read_hea
 from .plan import BatchIterator, Plan
 from .warm import DirectoryResidency, WarmReport, warm
 from .windows import BOUNDS, WindowSource
-
-try:
-    __version__ = version("npyfeed")  # the one place it is written is pyproject.toml
-except PackageNotFoundError:  # a source tree on sys.path, not installed
-    __version__ = "0+unknown"
-del PackageNotFoundError, version
 
 
 def __getattr__(name):

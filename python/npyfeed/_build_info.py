@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import os
 import platform
+from importlib.metadata import PackageNotFoundError, distribution, version
 
 from . import _core
 
 #: The op library of npyfeed.tf, beside _core (CMakeLists.txt installs both into the package).
 _TF_OPS = "_tf_ops.so"
+
+try:
+    __version__ = version("npyfeed")  # the one place it is written is pyproject.toml; `npyfeed.__version__`
+except PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0+unknown"
 
 
 def build_info(tf: bool = False) -> dict:
@@ -41,8 +47,6 @@ def build_info(tf: bool = False) -> dict:
         with ``tf=True``, else None; ``tensorflow``: TensorFlow's version with ``tf=True``, else None.
     """
     import numpy
-
-    from . import __version__
 
     info = {
         "version": __version__,
@@ -85,8 +89,6 @@ def _text(value) -> str:
 
 def _wheel_tag():
     """The Tag lines of the installed distribution's WHEEL file, joined by ``.``; None where it has none."""
-    from importlib.metadata import PackageNotFoundError, distribution
-
     try:
         text = distribution("npyfeed").read_text("WHEEL")
     except (PackageNotFoundError, OSError):
