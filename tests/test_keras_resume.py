@@ -105,7 +105,7 @@ def test_a_pass_starts_when_it_is_read_not_when_its_iterator_is_made(src, nftf):
 def test_tf_epoch_callback_refuses_what_it_cannot_follow(src, nftf):
     ds = nftf.dataset(src, BATCH, **KW)
     for other in (ds.repeat(), ds.map(lambda x, y: (x, y)), src):
-        with pytest.raises(TypeError, match="returned by npyfeed.tf.dataset"):
+        with pytest.raises(npyfeed._checks.ArgumentTypeError, match="returned by npyfeed.tf.dataset"):
             nftf.EpochCallback(other)
     callback = nftf.EpochCallback(ds)
     callback.set_params({"steps": len(ds) - 1, "epochs": 2, "verbose": 0})
@@ -151,7 +151,7 @@ def test_pydataset_epoch_callback_sets_the_epoch(src):
     assert ds.epoch == 7
     callback.on_epoch_begin(2)  # a second fit from a restored epoch: back to it
     assert ds.epoch == 3
-    with pytest.raises(TypeError, match="PyDataset"):
+    with pytest.raises(npyfeed._checks.ArgumentTypeError, match="PyDataset"):
         nfk.EpochCallback(src)
 
 

@@ -217,7 +217,8 @@ class EpochCallback(KerasEpochCallback, keras.callbacks.Callback):
 
     def __init__(self, ds: PyDataset):
         if not isinstance(ds, PyDataset):
-            raise TypeError(f"npyfeed.keras.EpochCallback needs an npyfeed.keras.PyDataset, got {type(ds).__name__}")
+            raise _checks.ArgumentTypeError(
+                f"npyfeed.keras.EpochCallback needs an npyfeed.keras.PyDataset, got {type(ds).__name__}")
         super().__init__(_Passes(ds))
 
 

@@ -218,8 +218,9 @@ class EpochCallback(_epochs.KerasEpochCallback, tf.keras.callbacks.Callback):
         pipeline = _pipeline.pipeline_of(ds)
         passes = None if pipeline is None else pipeline.passes
         if passes is None:
-            raise TypeError("npyfeed.tf.EpochCallback needs a dataset returned by npyfeed.tf.dataset (not its "
-                            f"repeat(), nor a dataset derived from it), got {type(ds).__name__}")
+            raise _checks.ArgumentTypeError(
+                "npyfeed.tf.EpochCallback needs a dataset returned by npyfeed.tf.dataset (not its repeat(), nor a "
+                f"dataset derived from it), got {type(ds).__name__}")
         super().__init__(passes)
 
 
