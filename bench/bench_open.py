@@ -13,11 +13,12 @@ device's rate of 4 KiB O_DIRECT reads at random offsets, ``--probe-threads`` at 
 
 ``--scenarios index`` (issue 8, item 1): the compiled index cache, over an index with a line per window (65.8M
 lines at 14,000 keys, written once beside the data set), mode "mmap": ``compile`` (an empty cache dir: the open
-parses the index in parallel and writes the cache), ``cached`` (the cache file mapped), ``no cache`` (``cache=False``: the index in this process's memory, 12 bytes per sample), and
-``--processes`` processes started together on an empty cache dir (one builds, the others wait), then on the cache
-it left. Each: seconds to open and to the first shuffled batch (checked against numpy), RssAnon (what the issue
-measures), Private (smaps_rollup: anonymous plus file pages only this process maps) and PSS, before and after.
-Targets (one process, cache present): RssAnon <= 200 MB, first batch <= 1 s; 10 processes: sum RssAnon <= 2 GB.
+parses the index in parallel and writes the cache), ``cached`` (the cache file mapped), ``no cache``
+(``cache=False``: the index in this process's memory, 12 bytes per sample), and ``--processes`` processes started
+together on an empty cache dir (one builds, the others wait), then on the cache it left. Each: seconds to open and
+to the first shuffled batch (checked against numpy), RssAnon (what the issue measures), Private (smaps_rollup:
+anonymous plus file pages only this process maps) and PSS, before and after. Targets (one process, cache present):
+RssAnon <= 200 MB, first batch <= 1 s; 10 processes: sum RssAnon <= 2 GB.
 The caches are removed at the end; ``both`` runs the two.
 
     python bench/bench_open.py --dir /tmp/open-data --baseline /tmp/npyfeed-before [--modes mmap,read,direct]
