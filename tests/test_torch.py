@@ -304,7 +304,7 @@ def test_storage_dtype_rounds_once_as_torch(src, storage):
     assert not torch.equal(got[0][0], torch.from_numpy(expected[0][0]))  # rounded indeed
 
 
-def test_device_gather_arguments(src):
+def test_device_gather_arguments(src, monkeypatch):
     with pytest.raises(ValueError, match="gather must be 'host' or 'device'"):
         nft.WindowDataset(src, 5, gather="gpu")
     with pytest.raises(TypeError, match="gather must be"):
@@ -322,6 +322,11 @@ def test_device_gather_arguments(src):
                           device_memory_budget=100)
     with pytest.raises(ValueError, match="device_memory_budget"):
         nft.WindowDataset(src, 5, gather="device", device="cpu", device_memory_budget=0)
+    with monkeypatch.context() as m:  # the default budget needs the free memory
+        m.setattr(nft, "available_memory", lambda: None)
+        with pytest.raises(ValueError, match="cannot tell the free memory of cpu; pass device_memory_budget"):
+            nft.WindowDataset(src, 5, gather="device", device="cpu")
+        assert nft.WindowDataset(src, 5, gather="device", device="cpu", device_memory_budget=1 << 20)
     transformed = npyfeed.WindowSource.from_arrays([(5, 5, "a")], {"a": np.ones((9, 3), np.float32)},
                                                    {"a": np.ones((9, 2), np.float32)}, 4, features=[0, 2])
     with pytest.raises(ValueError, match="does not apply features="):

@@ -1,4 +1,5 @@
-"""What batches formed on a device hold there (``gather="device"`` of `npyfeed.tf` and `npyfeed.torch`): the arrays
+"""What batches formed on a device hold there (``gather="device"`` of `npyfeed.tf` and `npyfeed.torch`): the checks
+of the arguments both adapters take for it, the default budget, the storage dtype, and the layout: the arrays
 resident, or streamed block by block (``shuffle="blocks"``) over the device budget, and the error when neither fits.
 Framework-neutral: each adapter measures the device's free memory and forms the batches with its framework's ops.
 """
@@ -7,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from . import _checks
 from .plan import shuffle_kind
 
 #: Share of the device's free memory (of the memory available, on the CPU) a pipeline may upload by default.
@@ -16,6 +20,30 @@ GROUPS_HELD = 2
 #: Formed batches the device may hold at once beside the arrays (the pipeline's prefetch, one being formed, one
 #: in the model's hands), counted in the budget.
 BATCHES_HELD = 4
+
+
+def checked_arguments(gather, device_memory_budget, storage_dtype) -> int | None:
+    """`gather` ("host" or "device") with the two arguments that apply to "device" only; returns
+    `device_memory_budget` checked (None: the default, `default_budget`)."""
+    if gather not in ("host", "device"):
+        raise (ValueError if isinstance(gather, str) else _checks.ArgumentTypeError)(
+            f"gather must be 'host' or 'device', got {gather!r}")
+    if gather == "host" and (device_memory_budget is not None or storage_dtype is not None):
+        raise ValueError("device_memory_budget= and storage_dtype= apply to gather='device' only")
+    return None if device_memory_budget is None else _checks.positive(device_memory_budget, "device_memory_budget")
+
+
+def default_budget(free: int | None, device: str) -> int:
+    """The default ``device_memory_budget``: `DEFAULT_BUDGET_SHARE` of the bytes `device` has `free` (None: unknown,
+    an error asking for the budget)."""
+    if free is None:
+        raise ValueError(f"gather='device': cannot tell the free memory of {device}; pass device_memory_budget")
+    return int(free * DEFAULT_BUDGET_SHARE)
+
+
+def storage_name(src, storage_dtype) -> str:
+    """The name of the dtype the arrays are held in on the device: `storage_dtype`, by default the source's."""
+    return str(storage_dtype) if storage_dtype is not None else np.dtype(src.dtype).name
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ import sys
 
 import numpy as np
 
-from . import _checks, _core
+from . import _core
 from . import stats as _stats
-from ._device_budget import DEFAULT_BUDGET_SHARE, device_layout
+from ._device_budget import checked_arguments, default_budget, device_layout, storage_name
 from ._epochs import EpochCursor
 from ._resources import available_memory
 from .plan import DEFAULT_MEMORY_BUDGET
@@ -108,16 +108,15 @@ class _DeviceGather:
     batch formed there from its start rows."""
 
     def __init__(self, src, plan, device, budget: int | None, storage_dtype):
-        storage = str(storage_dtype) if storage_dtype is not None else np.dtype(src.dtype).name
-        # The core's host half: it checks `storage` and refuses a source that transforms its rows.
-        self.host_rows = _core.DeviceRows(plan._core, storage)
+        # The core's host half: it checks the storage dtype and refuses a source that transforms its rows.
+        self.host_rows = _core.DeviceRows(plan._core, storage_name(src, storage_dtype))
         self.plan, self.device, self.window, self.pad = plan, device, src.window, src.bounds == "pad"
         self.x_shape, self.y_shape = tuple(src.x_shape), tuple(src.y_shape)
         self.out_dtype = _TORCH_DTYPES[np.dtype(src.dtype).name]
         self.storage = _TORCH_DTYPES[self.host_rows.storage_dtype]
         batch_bytes = plan.batch_size * (math.prod(self.x_shape) + math.prod(self.y_shape)) * self.out_dtype.itemsize
         if budget is None:
-            budget = int(_free_bytes(device) * DEFAULT_BUDGET_SHARE)
+            budget = default_budget(_free_bytes(device), str(device))
         self.layout = device_layout(self.host_rows, plan, batch_bytes, budget, str(device))
         self.copies = torch.cuda.Stream(device) if device.type == "cuda" else None
         if not self.layout.streams:
@@ -171,14 +170,11 @@ class _DeviceGather:
                 labels[y_row].to(self.out_dtype).reshape(n, *self.y_shape))
 
 
-def _free_bytes(device) -> int:
+def _free_bytes(device) -> int | None:
     """Bytes `device` can still hold: on a GPU what the CUDA driver has free plus what PyTorch's caching allocator
-    holds unused; on the CPU the memory available."""
+    holds unused; on the CPU the memory available (None: unknown)."""
     if device.type == "cpu":
-        free = available_memory()
-        if free is None:
-            raise ValueError("gather='device': cannot tell the memory available; pass device_memory_budget")
-        return free
+        return available_memory()
     free, _total = torch.cuda.mem_get_info(device)
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
@@ -274,18 +270,11 @@ class WindowDataset(IterableDataset):
                               prefetch=prefetch)
         self._cursor = EpochCursor(len(self._plan), epoch)
         _stats.register(self, self._plan)
-        if gather not in ("host", "device"):
-            raise (ValueError if isinstance(gather, str) else _checks.ArgumentTypeError)(
-                f"npyfeed.torch.WindowDataset: gather must be 'host' or 'device', got {gather!r}")
+        device_memory_budget = checked_arguments(gather, device_memory_budget, storage_dtype)
         self._on_device = None
         if gather == "host":
-            if device_memory_budget is not None or storage_dtype is not None:
-                raise ValueError("npyfeed.torch.WindowDataset: device_memory_budget= and storage_dtype= apply to "
-                                 "gather='device' only")
             self._device = _cuda_device(device)
         else:
-            if device_memory_budget is not None:
-                device_memory_budget = _checks.positive(device_memory_budget, "device_memory_budget")
             self._device = _gather_device(device)
             self._on_device = _DeviceGather(src, self._plan, self._device, device_memory_budget, storage_dtype)
 

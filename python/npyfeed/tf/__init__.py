@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from .. import _checks, _epochs
 from .. import stats as _stats
+from .._device_budget import checked_arguments
 from ..plan import DEFAULT_MEMORY_BUDGET
 from . import _pipeline
 
@@ -130,11 +131,7 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
         Bad arguments (also a global batch size that the replicas do not divide, or `input_context` with
         `num_shards`/`shard_index`).
     """
-    if gather not in ("host", "device"):
-        raise (ValueError if isinstance(gather, str) else _checks.ArgumentTypeError)(
-            f"gather must be 'host' or 'device', got {gather!r}")
-    if gather == "host" and (device_memory_budget is not None or storage_dtype is not None):
-        raise ValueError("device_memory_budget= and storage_dtype= apply to gather='device' only")
+    device_memory_budget = checked_arguments(gather, device_memory_budget, storage_dtype)
     if gather == "device" and pin_memory:
         raise ValueError("pin_memory= applies to gather='host' only (gather='device' sends start rows, not batches)")
     if input_context is not None and (num_shards is not None or shard_index is not None):
@@ -169,8 +166,6 @@ def dataset(src, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
             tf.config.list_physical_devices("GPU")  # TensorFlow loads its CUDA runtime, which the pinning uses
             plan._core.pin_taken_batches(_gpu_index(device))
         return _pipeline.host_pipeline(src, plan, batch_size, drop_remainder, epoch, device)
-    if device_memory_budget is not None:
-        device_memory_budget = _checks.positive(device_memory_budget, "device_memory_budget")
     return _pipeline.device_pipeline(src, plan, batch_size, drop_remainder, epoch, device, storage_dtype,
                                         device_memory_budget)
 

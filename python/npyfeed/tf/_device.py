@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import _core
-from .._device_budget import BATCHES_HELD, DEFAULT_BUDGET_SHARE, device_layout
+from .._device_budget import BATCHES_HELD, default_budget, device_layout
 from .._resources import available_memory, environment
 
 #: In a graph (tf.compat.v1, tf.estimator), resident arrays are constants of the graph, whose protocol buffer
@@ -155,11 +155,7 @@ class DeviceGather:
         self._plan = plan
         batch_bytes = self.batch_size * self.sample_bytes
         if budget is None:
-            free = device_free_bytes(device)
-            if free is None:
-                raise ValueError(f"gather='device': cannot tell the free memory of {device}; pass device_memory_budget")
-            budget = int(free * DEFAULT_BUDGET_SHARE)
-        self.budget = budget
+            budget = default_budget(device_free_bytes(device), device)
         # In a graph, resident arrays are graph constants (GRAPH_CONSTANT_BYTES).
         graph_limit = None if tf.executing_eagerly() else GRAPH_CONSTANT_BYTES + BATCHES_HELD * batch_bytes
         layout = device_layout(

@@ -53,6 +53,7 @@ import tensorflow as tf
 
 from .. import _checks, _core
 from .. import stats as _stats
+from .._device_budget import storage_name
 from . import _compat, _feed
 
 
@@ -132,7 +133,7 @@ def device_pipeline(src, plan, batch_size: int, drop_remainder: bool, epoch: int
     from ._device import DeviceGather
 
     batches = plan._core
-    storage = str(storage_dtype) if storage_dtype is not None else np.dtype(src.dtype).name
+    storage = storage_name(src, storage_dtype)
     # The host half is the core's (the arrays read through the source's readers, the start rows); it checks
     # `storage_dtype` and refuses a source that transforms its rows.
     host_rows = _core.DeviceRows(batches, storage)
