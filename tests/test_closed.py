@@ -4,11 +4,11 @@
 PyTorch adapter (its passes are the numpy iterator); a read that starts after the close finds an iterator
 exhausted, and ``Plan.take`` starts a new stream.
 
-A read is "waiting" only while its gather runs (and ``Plan.take`` looks for a close every 50 ms of its wait), so
+A read is "waiting" only while its gather runs (and ``Plan.take`` looks for a close every 5 ms of its wait), so
 the batches here are slow to gather (315 MB, converted from float64, NaNs replaced and standardised, on one
-thread: a tenth of a second or more) and the close comes from another thread a few ms after the read began, and again every 20 ms until the read ends; each
-test tries until one close lands during a wait, and every try must end in a batch, ``ClosedError`` or the end of
-the iteration."""
+thread: 30 ms or more) and the close comes from another thread a few ms after the read began, and again every
+20 ms until the read ends; each test tries until one close lands during a wait, and every try must end in a batch,
+``ClosedError`` or the end of the iteration."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 TRIES = 20
-BATCH = 384  # 315 MB per batch: a gather of one thread outlasts take()'s 50 ms wait slice on a quiet machine too
+BATCH = 384  # 315 MB per batch: a gather of one thread (30 ms or more) outlasts take()'s 5 ms close check
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ class StreamAtPosition {
 
   /// Batch `batch` of epoch `epoch`. Throws IndexOutOfRange unless batch < num_batches; rethrows a failed
   /// read or gather (the next call starts a new stream at its position); throws Cancelled when close() comes
-  /// while it waits (within kWaitSlice, and once the gather's running items returned).
+  /// while it waits (within kCloseSlice, and once the gather's running items returned).
   WindowBatch take(std::uint64_t epoch, std::size_t batch, const WhileWaiting& while_waiting = {}) {
     if (batch >= num_batches_) {
       throw IndexOutOfRange("batch " + std::to_string(batch) + " out of range for " + std::to_string(num_batches_) +
@@ -77,19 +77,26 @@ class StreamAtPosition {
     closing_.store(false);
   }
 
-  /// How often a waiting take() looks whether close() was called (and calls its WhileWaiting).
+  /// How often a waiting take() looks whether close() was called (an atomic load).
+  static constexpr std::chrono::milliseconds kCloseSlice{5};
+  /// How often a waiting take() calls its WhileWaiting (which may take the GIL: not at every close check).
   static constexpr std::chrono::milliseconds kWaitSlice{50};
 
  private:
   // Waits, in slices, for what the next batch needs (a read, then its gather: next_job() names each in turn)
   // until take() will not wait. Throws Cancelled once close() was called.
   void wait_until_ready(const WhileWaiting& while_waiting) {
+    using Clock = std::chrono::steady_clock;
     for (;;) {
       std::shared_ptr<Job> job = stream_->next_job();
       if (!job || job->wait_for(std::chrono::milliseconds(0))) return;
-      while (!job->wait_for(kWaitSlice)) {
+      Clock::time_point next_call = Clock::now() + kWaitSlice;
+      while (!job->wait_for(kCloseSlice)) {
         if (closing_.load()) throw Cancelled();
-        if (while_waiting) while_waiting();
+        if (while_waiting && Clock::now() >= next_call) {
+          while_waiting();
+          next_call = Clock::now() + kWaitSlice;
+        }
       }
     }
   }
