@@ -587,3 +587,17 @@ def test_the_random_read_probes_report_files_smaller_than_a_block_as_nothing_to_
     assert direct is None or (direct.reads, direct.block) == (64, 8192)  # None: O_DIRECT refused here
     assert measure.buffered_random_bandwidth(paths[1:], 2) is None
     assert measure.odirect_random_bandwidth(paths[1:], 2) is None
+
+
+@pytest.mark.parametrize(("cpuinfo", "described"), [
+    ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+     "flags\t\t: fpu sse2 avx2 avx512f\n\nprocessor\t: 1\nmodel name\t: other\n",
+     "AMD EPYC (family 26, model 2, AVX-512)"),
+    ("processor\t: 0\ncpu family\t: 6\nmodel\t\t: 167\nmodel name\t: Intel Xeon\nflags\t\t: sse2 avx2\n",
+     "Intel Xeon (family 6, model 167, AVX2)"),
+    ("processor\t: 0\nBogoMIPS\t: 50.00\nProcessor\t: ARMv8\n", "ARMv8"),
+    ("processor\t: 0\nBogoMIPS\t: 50.00\n", None),
+])
+def test_the_cpu_is_described_by_its_name_family_model_and_widest_vector_unit(cpuinfo, described):
+    # A virtual machine's model name alone ("AMD EPYC") names no generation: results must tell Zen 3 from Zen 5.
+    assert measure.describe_cpu(cpuinfo) == described

@@ -25,7 +25,7 @@ from .._resources import available_memory  # a machine fact the benchmarks repor
 
 __all__ = ["GB", "PAGE", "DIRECT_ALIGN", "evict", "memcpy_bandwidth", "fresh_buffer", "fresh_copy_bandwidth",
            "page_touch_bandwidth", "odirect_seq_bandwidth", "RandomReadResult", "odirect_random_bandwidth",
-           "buffered_random_bandwidth", "format_table", "machine_info", "available_memory", "cpu_model",
+           "buffered_random_bandwidth", "format_table", "machine_info", "available_memory", "cpu_model", "describe_cpu",
            "last_level_cache_bytes"]
 
 GB = 1e9
@@ -308,16 +308,33 @@ def machine_info() -> dict:
 
 
 def cpu_model() -> str | None:
-    """The CPU's model name (/proc/cpuinfo), or None where the system does not say."""
+    """The CPU as /proc/cpuinfo tells it: its model name, then its family and model numbers and its widest vector
+    unit, e.g. ``"AMD EPYC (family 26, model 2, AVX-512)"`` (a virtual machine's model name alone often says no
+    more than the vendor's line); None where the system does not say."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Processor", "cpu model"):
-                    return value.strip()
+            return describe_cpu(f.read())
     except OSError:
-        pass
-    return None
+        return None
+
+
+def describe_cpu(cpuinfo: str) -> str | None:
+    """`cpu_model` of the text of a /proc/cpuinfo (its first processor's block)."""
+    fields: dict = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if not key.strip():
+            break  # the first processor's block ends
+        fields.setdefault(key.strip(), value.strip())
+    name = next((fields[k] for k in ("model name", "Processor", "cpu model") if k in fields), None)
+    if name is None:
+        return None
+    flags = set(fields.get("flags", "").split())
+    facts = [f"family {fields['cpu family']}" if "cpu family" in fields else None,
+             f"model {fields['model']}" if "model" in fields else None,
+             "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None]
+    facts = [fact for fact in facts if fact]
+    return f"{name} ({', '.join(facts)})" if facts else name
 
 
 def last_level_cache_bytes() -> int | None:
