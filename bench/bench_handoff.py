@@ -3,7 +3,7 @@
 Each round runs, in one fresh process per build and in a rotated order, over the same warm data set (W=100,
 B=256, (4800, 256) float32 files, ``shuffle=True``, mode ``"mmap"``):
 
-* **numpy**: ``src.batches(...)``, the gather alone (the reference of the round);
+* **numpy**: ``src.batches(...)``, the gather alone (every other row is paired with a run of it);
 * **eager**: ``for x, y in ds`` (a Python loop over eager tensors: custom loops, debugging);
 * **tf.function**: ``next(iterator)`` in a traced loop (Keras ``fit``'s train function, a custom step);
 * **fit**: ``model.fit(ds, steps_per_epoch=...)`` on a tiny model (the last window row through a Dense layer),
@@ -11,7 +11,7 @@ B=256, (4800, 256) float32 files, ``shuffle=True``, mode ``"mmap"``):
 * **numpy nice** / **tf.function nice** / **fit nice** / **fit steps_per_execution=32 nice**: the same over a
   source made with ``nice=N`` (``--nice``, default 5): npyfeed's workers below the consumer's threads, so
   that where the gather saturates the cores, the consumer's step (Keras' Python, TensorFlow's executor) runs as
-  soon as it can and the gather takes what is left (their ratios are to the plain numpy row);
+  soon as it can and the gather takes what is left (their ratios are to plain numpy runs);
 * **fallback eager** / **fallback tf.function**: the same two over the ``tf.numpy_function`` feed
   (``NPYFEED_TF_OPS=0`` when the dataset is made: the path taken where the op library does not load);
 * **floor eager** / **floor tf.function**: a dataset that hands out one pre-made batch
@@ -23,7 +23,8 @@ B=256, (4800, 256) float32 files, ``shuffle=True``, mode ``"mmap"``):
   64 MB memory budget: each block uploaded once per epoch). Not a GPU figure: the host's CPU per step of the
   device path (Python per step, or native ops), before and after with ``--baseline``.
 
-Each row reports samples/s, its ratio to the numpy row of its own round (median and worst over the rounds),
+Each row reports samples/s, its ratio to a numpy run made just before it in the same process (median and worst
+over the rounds: a row's datasets, models and threads stay alive in the process and slow later gathers too),
 for ``fit`` the longest time from its last step to its return (where Keras deletes its iterator: with tf.data's
 autotuning on, that waited for the autotuning thread's period, up to seconds), and CPU per batch by thread:
 npyfeed's gather workers, the main thread, and TensorFlow's threads (read from ``/proc/self/task``), and the
@@ -49,7 +50,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -242,32 +242,29 @@ def child(cfg: dict) -> dict:
                 niced_dataset, lambda dataset: fit(dataset, 32, "fit steps_per_execution=32 nice"))}
     for name in cfg["order"]:  # warm-up: caches, tracing, Keras' first step
         runs[name]()
-    out = {}
-    for name in cfg["order"]:
+    def timed(name: str) -> dict:
         time.sleep(cfg["settle"])  # the previous row's threads wind down (its pool's, TensorFlow's)
         (cpu0, workers0), threads0, t0 = _thread_cpu(), thread_times(), time.perf_counter()
         samples = runs[name]()
         seconds, (cpu1, workers1), threads1 = time.perf_counter() - t0, _thread_cpu(), thread_times()
         steps = samples / batch
-        out[name] = {"samples_per_s": samples / seconds,
-                     "cpu_ms_per_batch": {k: 1e3 * (cpu1[k] - cpu0[k]) / steps for k in cpu0},
-                     "worker_nice": _niceness_of_busy_workers(workers0, workers1),
-                     # the share of the row the main thread waited for a core (None: a build without it)
-                     "main_cpu_wait": npyfeed.stats.cpu_share(threads0, threads1, seconds)["main_cpu_wait"]
-                     if threads0 and threads1 else None,
-                     "load": os.getloadavg()[0]}
+        return {"samples_per_s": samples / seconds,
+                "cpu_ms_per_batch": {k: 1e3 * (cpu1[k] - cpu0[k]) / steps for k in cpu0},
+                "worker_nice": _niceness_of_busy_workers(workers0, workers1),
+                # the share of the row the main thread waited for a core (None: a build without it)
+                "main_cpu_wait": npyfeed.stats.cpu_share(threads0, threads1, seconds)["main_cpu_wait"]
+                if threads0 and threads1 else None,
+                "load": os.getloadavg()[0]}
+
+    out = {}
+    for name in cfg["order"]:
+        # Every other row is paired with a numpy run just before it: its reference in the same state of this
+        # process (the rows made so far hold their datasets, models and threads, which slow a gather too).
+        pair = None if name == "numpy" else timed("numpy")["samples_per_s"]
+        out[name] = dict(timed(name), numpy_pair=pair)
         if name in end_lag:
             out[name]["end_lag_s"] = end_lag[name]
     return out
-
-
-def _run_child(cfg: dict, pythonpath: str | None) -> dict:
-    env = common.importing_from(dict(os.environ), pythonpath) if pythonpath else dict(os.environ)
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], capture_output=True, text=True,
-                          env=env, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> int:
@@ -312,13 +309,14 @@ def main(argv=None) -> int:
                    "label_dir": str(base / "label"), "window": args.window, "batch": args.batch,
                    "batches": args.batches, "order": order, "nice": args.nice,
                    "settle": args.settle}
-            results[name].append(_run_child(cfg, path))
+            env = common.importing_from(dict(os.environ), path) if path else dict(os.environ)
+            results[name].append(common.run_child(__file__, cfg, env, name))
             got = results[name][-1]
             print(f"round {r + 1} {name:10s} load {got[rows[0]]['load']:.1f}: " + "  ".join(
                 f"{row} {got[row]['samples_per_s']:,.0f}" for row in rows), flush=True)
 
     print(f"\n{args.rounds} rounds, {args.keys} keys x (4800, 256) float32, W={args.window}, B={args.batch}, "
-          f"{args.batches} batches per row; x numpy = the row over the numpy row of the same round and build")
+          f"{args.batches} batches per row; x numpy = the row over the numpy run just before it, same process")
     header = ["build", "row", "samples/s (median)", "x numpy median", "x numpy worst", "x numpy per round",
               "CPU ms/batch: gather / main / TF", "main waits for a core", "cap", "x cap", "fit end ms (max)",
               "target"]
@@ -332,7 +330,9 @@ def main(argv=None) -> int:
 
         for row in rows:
             rates = [rnd[row]["samples_per_s"] for rnd in rounds]
-            ratios = [rnd[row]["samples_per_s"] / rnd["numpy"]["samples_per_s"] for rnd in rounds]
+            # against the numpy run just before the row (the numpy row: against itself)
+            ratios = [rnd[row]["samples_per_s"] / (rnd[row]["numpy_pair"] or rnd[row]["samples_per_s"])
+                      for rnd in rounds]
             cpu = {k: statistics.median(rnd[row]["cpu_ms_per_batch"][k] for rnd in rounds)
                    for k in ("gather", "main", "tensorflow")}
             # On cores the gather saturates, TensorFlow's CPU per batch comes out of the gather's: the most this
