@@ -1,9 +1,9 @@
 """Index files: ``feature_index,label_index,key`` lines, parsed in C++.
 
-Tolerated: blank lines, spaces and tabs around fields, CRLF line endings, a missing final newline; several files
-are concatenated in order. A malformed line raises ValueError naming the file and the line number. Checked
-through the public API: `WindowSource.describe` names each sample's file and line, and the batches show which
-rows were read.
+Tolerated: blank lines, spaces and tabs around fields, CRLF line endings, a missing final newline, a UTF-8
+byte-order mark opening a file; several files are concatenated in order. A malformed line raises ValueError naming
+the file and the line number. Checked through the public API: `WindowSource.describe` names each sample's file and
+line, and the batches show which rows were read.
 """
 
 from __future__ import annotations
@@ -66,6 +66,22 @@ def test_line_endings(tmp_path, ending):
     src = _source(path, ["k1", "k2"])
     _check(src, [(path, 1, 3, 4, "k1"), (path, 3, 10, 11, "k2"), (path, 4, 12, 13, "k1")], ["k1", "k2"])
     assert src.keys == ["k1", "k2"]  # no '\r' left on a key
+
+
+def test_a_byte_order_mark_opening_a_file_is_not_part_of_its_first_line(tmp_path):
+    """What Windows editors and ``encoding="utf-8-sig"`` write; elsewhere in a file it is still malformed."""
+    path = tmp_path / "index.txt"
+    path.write_text("3,4,k1\r\n10,11,k2\r\n", encoding="utf-8-sig")
+    assert path.read_bytes().startswith(b"\xef\xbb\xbf")
+    src = _source(path, ["k1", "k2"])
+    _check(src, [(path, 1, 3, 4, "k1"), (path, 2, 10, 11, "k2")], ["k1", "k2"])
+    only_mark = tmp_path / "empty.txt"
+    only_mark.write_bytes(b"\xef\xbb\xbf")
+    assert len(_source([only_mark, path], ["k1", "k2"])) == 2
+    inside = tmp_path / "inside.txt"
+    inside.write_bytes(b"3,4,k1\n\xef\xbb\xbf10,11,k2\n")
+    with pytest.raises(ValueError, match=f"{inside}:2: feature_index is not an integer"):
+        _source(inside, ["k1", "k2"])
 
 
 def test_several_files_in_order(tmp_path):

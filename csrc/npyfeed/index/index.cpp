@@ -169,9 +169,10 @@ void parse_chunk(std::string_view text, Chunk& c) {
   }
 }
 
-// Splits [0, size) of `text` into chunks of about kChunkBytes ending after a newline.
+// Splits `text` into chunks of about kChunkBytes ending after a newline. A UTF-8 byte-order mark at its start
+// (what Windows editors and `encoding="utf-8-sig"` write) is not part of the first line.
 void split(std::string_view text, std::size_t file, std::vector<Chunk>& out) {
-  std::size_t begin = 0;
+  std::size_t begin = text.starts_with("\xEF\xBB\xBF") ? 3 : 0;
   while (begin < text.size()) {
     std::size_t end = std::min(text.size(), begin + kChunkBytes);
     if (end < text.size()) {
