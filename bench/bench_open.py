@@ -29,11 +29,9 @@ The caches are removed at the end; ``both`` runs the two.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -85,17 +83,10 @@ def data_paths(factor_dir: str, label_dir: str) -> list:
 
 
 def run_children(cfg: dict, processes: int = 1, baseline: str | None = None) -> list:
-    """The open `cfg` asks for in `processes` fresh Pythons started together, from ``/`` (so that the installed
-    npyfeed is imported, not a checkout's; with `baseline`, the one installed there): their results."""
+    """The open `cfg` asks for in `processes` fresh Pythons started together (with `baseline`, importing the
+    npyfeed installed there): their results."""
     env = common.importing_from(dict(os.environ), baseline) if baseline else None
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(cfg)]
-    procs = [subprocess.Popen(cmd, env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(processes)]
-    done = [(p.communicate(), p.returncode) for p in procs]
-    for (out, err), rc in done:
-        if rc != 0:
-            raise SystemExit(f"child ({cfg['scenario']} {baseline or ''}) failed with {rc}:\n{out}\n{err}")
-    return [json.loads(out.strip().splitlines()[-1]) for (out, _), _ in done]
+    return common.run_children(__file__, cfg, env, f"{cfg['scenario']} {baseline or ''}", processes)
 
 
 def every_window_index(ds: common.DataSet, window: int) -> str:

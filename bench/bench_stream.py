@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -96,15 +95,10 @@ def child(cfg: dict) -> dict:
 
 
 def run_child(cfg: dict, install: str | None = None) -> dict:
-    """One contender in a fresh process; with `install`, importing the npyfeed installed there."""
-    env = dict(os.environ)
-    if install:
-        env["PYTHONPATH"] = install
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], capture_output=True, text=True,
-                          timeout=cfg["seconds"] + 600, env=env)
-    if proc.returncode != 0:
-        return {"error": proc.stderr[-2000:]}
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    """One contender in a fresh process (with `install`, importing the npyfeed installed there); a failure is its
+    row's result."""
+    env = common.importing_from(dict(os.environ), install) if install else None
+    result = common.run_child(__file__, cfg, env, cfg["mode"], fail=False)
     result["load_after"] = os.getloadavg()[0]
     return result
 
@@ -162,7 +156,7 @@ def main(argv=None) -> int:
     if data_bytes > avail / 4:
         per_key = data_bytes / len(ds.keys)
         warm_keys = ds.keys[:max(1, int(avail / 4 / per_key))]
-        subset = Path(args.dir) / f"{spec.name}-warm-index.txt"
+        subset = ds.root.parent / f"{spec.name}-warm-index.txt"
         subset_index(ds, set(warm_keys), subset)
         warm_cfg["index"] = str(subset)
     warm_files = [f for f, k in zip(ds.factor_paths, ds.keys) if k in set(warm_keys)]
