@@ -760,12 +760,11 @@ def run_dtype(args, dtype, tf, limits, window_bytes, log) -> list:
             if cache == "warm":
                 limits.setdefault(f"copy_{dtype}", []).append(
                     common.memcpy_bandwidth(args.threads, args.copy_bytes, repeats=3))
-            else:  # at every queue depth a contender uses: threads, direct's 4 per thread, a batch's hints
-                for depth in probe_depths(args):
-                    for kind, probe in (("random", common.odirect_random_bandwidth),
-                                        ("buffered", common.buffered_random_bandwidth)):
-                        rr = probe(data.ds.factor_paths, depth, block=window_bytes, reads=args.random_reads, seed=rnd)
-                        limits.setdefault(f"{kind}_{dtype}_qd{depth}", []).append(None if rr is None else rr.gbps)
+            else:  # the disk's random reads of one window, O_DIRECT and through the page cache: [GB/s, in flight]
+                for kind in ("random", "buffered"):
+                    rr = common.random_read_limit(data.ds.factor_paths, args.threads, window_bytes,
+                                                  reads=args.random_reads, seed=rnd, buffered=kind == "buffered")
+                    limits.setdefault(f"{kind}_{dtype}", []).append(None if rr is None else [rr.gbps, rr.threads])
             shift = rnd % len(res)
             for r in res[shift:] + res[:shift]:
                 gc.collect()
@@ -786,12 +785,6 @@ def run_dtype(args, dtype, tf, limits, window_bytes, log) -> list:
 def reads_through_cache(r: Result) -> bool:
     """Whether a cold row's reads go through the page cache: every contender but npyfeed's "direct" mode."""
     return r.cache == "cold" and r.contender.mode != "direct"
-
-
-def probe_depths(args) -> list:
-    """Reads in flight for the disk probe: one per thread (mmap faults, read), 4 per thread (direct) and 16 per
-    thread (a cold batch's WILLNEED hints queue many windows at once); the limit is the best of them."""
-    return sorted({args.threads, 4 * args.threads, 16 * args.threads})
 
 
 def _cpu_seconds() -> float:
@@ -817,10 +810,9 @@ def limit_rates(args, limits: dict, out_sample_bytes: int, window_bytes: dict) -
             out[(dtype, "warm")] = (f"copy x{args.threads}", copy_gbps * common.GB / out_sample_bytes)
         for kind, cache, label in (("random", "cold", "rand read"),
                                    ("buffered", "cold page cache", "buffered rand read")):
-            probes = {d: best(limits.get(f"{kind}_{dtype}_qd{d}", [])) for d in probe_depths(args)}
-            depth = max(probes, key=lambda d: probes[d] or 0)  # the first of the fastest
-            if probes[depth]:
-                out[(dtype, cache)] = (f"{label} qd{depth}", probes[depth] * common.GB / window_bytes[dtype])
+            probe = best(limits.get(f"{kind}_{dtype}", []))  # the fastest round: [GB/s, reads in flight]
+            if probe:
+                out[(dtype, cache)] = (f"{label} qd{probe[1]}", probe[0] * common.GB / window_bytes[dtype])
     return out
 
 
@@ -831,9 +823,10 @@ def limit_rows(args, limits: dict, copy_1: float, out_sample_bytes: int, window_
                for name, values in limits.items() if name.startswith("copy_")]
     for prefix, label in (("random_", "O_DIRECT random read"), ("buffered_", "buffered random read")):
         for name, values in limits.items():
-            if name.startswith(prefix):
-                dtype, qd = name[len(prefix):].split("_qd")
-                probes.append((f"{label} qd{qd} ({dtype})", best(values), window_bytes[dtype], "windows"))
+            probe = best(values) if name.startswith(prefix) else None
+            if probe:
+                probes.append((f"{label} qd{probe[1]} ({name[len(prefix):]})", probe[0], window_bytes[name[len(prefix):]],
+                               "windows"))
     return [[name, common.fmt(g, ".2f"), common.fmt(None if g is None else g * common.GB / nbytes, ",.0f"),
              f"{nbytes} B {unit}"] for name, g, nbytes, unit in probes]
 

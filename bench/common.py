@@ -45,8 +45,8 @@ except ImportError:  # bench_ab.py's child of an install from before npyfeed.ben
 GB, PAGE, RandomReadResult = measure.GB, measure.PAGE, measure.RandomReadResult
 evict, format_table, machine_info = measure.evict, measure.format_table, measure.machine_info
 memcpy_bandwidth = measure.memcpy_bandwidth
-buffered_random_bandwidth, odirect_random_bandwidth, odirect_seq_bandwidth = (
-    measure.buffered_random_bandwidth, measure.odirect_random_bandwidth, measure.odirect_seq_bandwidth)
+odirect_random_bandwidth, odirect_seq_bandwidth = measure.odirect_random_bandwidth, measure.odirect_seq_bandwidth
+random_read_limit = measure.random_read_limit
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_DATA_DIR = BENCH_DIR / "data"  # gitignored

@@ -212,7 +212,7 @@ def synthetic_report(processes: int = 10) -> bench.BenchReport:
                                                       "posix_fadvise(DONTNEED)")]
     limits = {"copy": bench.Limit("memory copy, 2 threads", 13.38, 130675.0),
               "disk_random_cached": bench.Limit("disk random read, 1,234.5 MB (page cache)", 1.40, 13712.0,
-                                                "the same reads without O_DIRECT, best of 4 and 16 in flight per "
+                                                "the same reads without O_DIRECT, best of 1/4/16 in flight per "
                                                 "thread (32): the limit of mode=\"mmap\" and \"read\", whose cold "
                                                 "reads go through the page cache")}
     data = {"keys": 60, "samples": 56460, "bytes": 299535360, "factor_shape": [4800, 256], "dtype": "float32",
@@ -587,6 +587,24 @@ def test_the_random_read_probes_report_files_smaller_than_a_block_as_nothing_to_
     assert direct is None or (direct.reads, direct.block) == (64, 8192)  # None: O_DIRECT refused here
     assert measure.buffered_random_bandwidth(paths[1:], 2) is None
     assert measure.odirect_random_bandwidth(paths[1:], 2) is None
+
+
+@pytest.mark.parametrize("buffered", [False, True], ids=["direct", "buffered"])
+def test_the_random_read_limit_is_the_best_probe_over_the_reads_in_flight(monkeypatch, buffered):
+    calls = []
+    gbps = {1: 1.0, 4: 3.0, 16: 2.0}  # per thread in flight -> GB/s: the best at 4 per thread
+
+    def probe(paths, threads, block, reads, seed):
+        calls.append(threads)
+        return measure.RandomReadResult(gbps[threads // 3], 0.0, block, reads, threads)
+
+    monkeypatch.setattr(measure, "buffered_random_bandwidth" if buffered else "odirect_random_bandwidth", probe)
+    best = measure.random_read_limit(["f"], 3, block=4096, reads=10, buffered=buffered)
+    assert calls == [3 * d for d in measure.READS_IN_FLIGHT]
+    assert (best.gbps, best.threads) == (3.0, 12)
+    monkeypatch.setattr(measure, "buffered_random_bandwidth" if buffered else "odirect_random_bandwidth",
+                        lambda *a, **k: None)
+    assert measure.random_read_limit(["f"], 3, block=4096, buffered=buffered) is None  # O_DIRECT refused
 
 
 @pytest.mark.parametrize(("cpuinfo", "described"), [

@@ -38,6 +38,8 @@ from ._report import (
 )
 from ._text import _bytes
 
+DEPTHS = "/".join(map(str, measure.READS_IN_FLIGHT))  # "1/4/16"
+
 
 class Bench:
     """One run: the sampled sources, the measurements in order, and what must be undone at the end."""
@@ -174,22 +176,18 @@ class Bench:
                     if seq is not None else "O_DIRECT refused by this filesystem")
         self.steps.next("disk random read")
         block = self.window * self.row_bytes
-        # 4 reads in flight per thread (mode="direct"'s) and 16 (a cold batch's read-ahead hints): the best counts.
-        probes = [measure.odirect_random_bandwidth(factor_files, depth * self.threads, block=block, reads=1000,
-                                                    seed=self.seed) for depth in (4, 16)]
-        rand = max((p for p in probes if p is not None), key=lambda p: p.gbps, default=None)
+        rand = measure.random_read_limit(factor_files, self.threads, block, reads=1000, seed=self.seed)
         self._limit("disk_random", f"disk random read, {_bytes(block)} (O_DIRECT)",
                     None if rand is None else rand.gbps, block,
-                    f"one window per read, best of 4 and 16 in flight per thread ({rand.threads})" if rand else
+                    f"one window per read, best of {DEPTHS} reads in flight per thread ({rand.threads})" if rand else
                     "O_DIRECT refused by this filesystem")
         # The same reads through the page cache: the limit of the modes that read through it ("mmap", "read").
-        probes = [measure.buffered_random_bandwidth(factor_files, depth * self.threads, block=block, reads=1000,
-                                                     seed=self.seed) for depth in (4, 16)]
-        cached = max((p for p in probes if p is not None), key=lambda p: p.gbps, default=None)
+        cached = measure.random_read_limit(factor_files, self.threads, block, reads=1000, seed=self.seed,
+                                           buffered=True)
         # Where the files stay cached (tmpfs, mapped elsewhere), those reads measured memory, not a disk.
         if cached is not None and self._drop() <= MAX_COLD_RESIDENCY:
             self._limit("disk_random_cached", f"disk random read, {_bytes(block)} (page cache)", cached.gbps, block,
-                        f"the same reads without O_DIRECT, best of 4 and 16 in flight per thread ({cached.threads}): "
+                        f"the same reads without O_DIRECT, best of {DEPTHS} in flight per thread ({cached.threads}): "
                         'the limit of mode="mmap" and "read", whose cold reads go through the page cache')
         if seq is None:
             self.limits.pop("disk_seq")

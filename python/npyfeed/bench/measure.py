@@ -25,8 +25,8 @@ from .._resources import available_memory  # a machine fact the benchmarks repor
 
 __all__ = ["GB", "PAGE", "DIRECT_ALIGN", "evict", "memcpy_bandwidth", "fresh_buffer", "fresh_copy_bandwidth",
            "page_touch_bandwidth", "odirect_seq_bandwidth", "RandomReadResult", "odirect_random_bandwidth",
-           "buffered_random_bandwidth", "format_table", "machine_info", "available_memory", "cpu_model", "describe_cpu",
-           "last_level_cache_bytes"]
+           "buffered_random_bandwidth", "READS_IN_FLIGHT", "random_read_limit", "format_table", "machine_info",
+           "available_memory", "cpu_model", "describe_cpu", "last_level_cache_bytes"]
 
 GB = 1e9
 PAGE = mmap.PAGESIZE
@@ -223,6 +223,21 @@ def _random_read_bandwidth(paths: Sequence[str], threads: int, block: int, reads
         for b in bufs:
             b.close()
     return RandomReadResult(reads * block / elapsed / GB, reads / elapsed, block, reads, threads)
+
+
+# Reads in flight per gather thread at which a random-read limit is probed: one (a page fault in a mapping, a
+# read), 4 (mode="direct"'s queue) and 16 (a cold batch's read-ahead hints queue many windows at once).
+READS_IN_FLIGHT = (1, 4, 16)
+
+
+def random_read_limit(paths: Sequence[str], threads: int, block: int, reads: int = 2000, seed: int = 0,
+                      buffered: bool = False) -> RandomReadResult | None:
+    """The disk's limit for a gather of `threads` threads that reads windows of `block` bytes: the best of
+    `odirect_random_bandwidth` (`buffered_random_bandwidth` with `buffered`, the limit of reads through the page
+    cache) at `READS_IN_FLIGHT` reads per thread (its ``threads`` says which). None where no probe ran."""
+    probe = buffered_random_bandwidth if buffered else odirect_random_bandwidth
+    results = [probe(paths, depth * threads, block=block, reads=reads, seed=seed) for depth in READS_IN_FLIGHT]
+    return max((r for r in results if r is not None), key=lambda r: r.gbps, default=None)
 
 
 def fresh_copy_bandwidth(threads: int, buffer_bytes: int, count: int, repeats: int = 3) -> float:
