@@ -24,7 +24,6 @@ import argparse
 import gc
 import importlib.util
 import os
-import resource
 import statistics
 import sys
 import time
@@ -38,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import npyfeed  # noqa: E402
 from npyfeed.bench import baselines  # noqa: E402
+from npyfeed.bench.measure import random_read_limit, time_batches  # noqa: E402
 
 TABLE_HEADER = ("contender", "src", "cache", "batches", "samples/s", "median", "1st ms", "cpu us/smp", "read B/smp", "x (a)",
                 "x (b)", "x (e)", "limit", "x limit", "x page-cache limit", "setup")
@@ -194,33 +194,6 @@ class Contender:
     def matches(self, x, y, want_x, want_y) -> bool:
         """The first batch against the oracle's (contenders with gather options transform the oracle)."""
         return x.dtype == np.float32 and np.array_equal(x, want_x) and np.array_equal(y, want_y.reshape(y.shape))
-
-
-@dataclass
-class Tally:
-    """A pass's batches: samples, and the first batch (kept for the check) with the time it arrived."""
-
-    samples: int = 0
-    first: tuple | None = None
-    first_size: int = 0
-    t_first: float = 0.0
-
-
-def _count(iterator, batches: int) -> Tally:
-    """The first `batches` batches of `iterator`, which is then closed (npyfeed's iterators, generators)."""
-    tally = Tally()
-    try:
-        for b, (x, y) in enumerate(iterator):
-            n = int(x.shape[0])
-            if tally.first is None:
-                tally.t_first, tally.first, tally.first_size = time.perf_counter(), (x, y), n
-            tally.samples += n
-            if b + 1 == batches:
-                break
-    finally:
-        if hasattr(iterator, "close"):
-            iterator.close()
-    return tally
 
 
 class TFPipeline(Contender):
@@ -641,18 +614,15 @@ class Result:
     def median(self) -> float:
         return statistics.median(self.rates)
 
-    def record(self, tally: Tally, t0: float, t_end: float, cpu: float, read: int) -> None:
-        # Warm: throughput from the first batch's arrival on (steady state: a pipeline's start-up, e.g.
-        # TensorFlow's iterator, is paid once per epoch, not per batch; it is shown apart).
-        # Cold: from the start, first batch included: on a cold cache the first batch is where the reading
-        # happens (a page fault in a mapping reads up to read_ahead_kb around it).
-        if self.cache == "warm" and tally.samples > tally.first_size and t_end > tally.t_first:
-            self.rates.append((tally.samples - tally.first_size) / (t_end - tally.t_first))
-        else:
-            self.rates.append(tally.samples / (t_end - t0))
-        self.first_ms.append((tally.t_first - t0) * 1e3)
-        self.cpu_us.append(cpu / tally.samples * 1e6)
-        self.read_bytes.append(read / tally.samples)
+    def record(self, run) -> None:
+        # Warm: from the first batch's arrival on (steady state: a pipeline's start-up, e.g. TensorFlow's
+        # iterator, is paid once per epoch, not per batch; it is shown apart).
+        # Cold: from the start, first batch and open included: on a cold cache the first batch is where the
+        # reading happens (a page fault in a mapping reads up to read_ahead_kb around it).
+        self.rates.append(run.steady_samples_per_s if self.cache == "warm" else run.samples_per_s)
+        self.first_ms.append(run.first_s * 1e3)
+        self.cpu_us.append(run.cpu_s / run.samples * 1e6)
+        self.read_bytes.append(run.read_bytes / run.samples)
 
 
 def parse_args(argv=None):
@@ -709,28 +679,22 @@ def batches_for(args, contender: Contender, cache: str) -> int:
     return args.cold_batches if cache == "cold" else getattr(args, contender.batches_flag)
 
 
-def measure(c: Contender, data: Data, batches: int, cache: str) -> tuple:
-    """One measurement: (tally, start time, end time, CPU seconds, bytes read). Cold: the open is timed too (it
-    reads headers, and label files in read/direct modes)."""
-    cpu0, t0, read0 = _cpu_seconds(), time.perf_counter(), common.read_bytes()
-    start = c.open(data, batches)
+def measure(c: Contender, data: Data, batches: int, cache: str, keep_first: bool = False):
+    """One measurement (`npyfeed.bench.measure.Pass`). Cold: the open is on the clock too (it reads headers, and
+    label files in read/direct modes)."""
     try:
-        if cache == "warm":
-            cpu0, t0 = _cpu_seconds(), time.perf_counter()
-        tally = _count(start(), batches)
-        t_end = time.perf_counter()
-        cpu, read = _cpu_seconds() - cpu0, common.read_bytes() - read0
+        if cache == "cold":
+            return time_batches(lambda: c.open(data, batches)(), batches, keep_first=keep_first)
+        return time_batches(c.open(data, batches), batches, keep_first=keep_first)
     finally:
-        del start  # its closure may hold mappings: drop it, or the next eviction cannot
-        c.close()
-    return tally, t0, t_end, cpu, read
+        c.close()  # what it opened may hold mappings: released, or the next eviction cannot drop their pages
 
 
 def check_outputs(data: Data, contenders: list) -> None:
     """Untimed: every contender's first batch equals the oracle (same samples, same order, same values)."""
     want_x, want_y = reference_batch(data, data.ids(1))
     for c in contenders:
-        x, y = measure(c, data, 1, "warm")[0].first
+        x, y = measure(c, data, 1, "warm", keep_first=True).first
         if not c.matches(np.asarray(x), np.asarray(y), want_x, want_y):
             raise SystemExit(f"{c.name} ({data.ds.spec.dtype}): first batch differs from per-sample slicing")
     for c in contenders:
@@ -762,7 +726,7 @@ def run_dtype(args, dtype, tf, limits, window_bytes, log) -> list:
                     common.memcpy_bandwidth(args.threads, args.copy_bytes, repeats=3))
             else:  # the disk's random reads of one window, O_DIRECT and through the page cache: [GB/s, in flight]
                 for kind in ("random", "buffered"):
-                    rr = common.random_read_limit(data.ds.factor_paths, args.threads, window_bytes,
+                    rr = random_read_limit(data.ds.factor_paths, args.threads, window_bytes,
                                                   reads=args.random_reads, seed=rnd, buffered=kind == "buffered")
                     limits.setdefault(f"{kind}_{dtype}", []).append(None if rr is None else [rr.gbps, rr.threads])
             shift = rnd % len(res)
@@ -771,7 +735,7 @@ def run_dtype(args, dtype, tf, limits, window_bytes, log) -> list:
                 if cache == "cold":
                     common.evict(data.paths)
                     r.residency = max(r.residency, common.cached_fraction(data.paths))
-                r.record(*measure(r.contender, data, r.batches, cache))
+                r.record(measure(r.contender, data, r.batches, cache))
                 log(f"  {cache} round {rnd + 1}/{args.repeats}  {r.contender.name:40s} {r.rates[-1]:12,.0f} "
                     f"samples/s (first batch {r.first_ms[-1]:,.0f} ms)")
         results += res
@@ -785,11 +749,6 @@ def run_dtype(args, dtype, tf, limits, window_bytes, log) -> list:
 def reads_through_cache(r: Result) -> bool:
     """Whether a cold row's reads go through the page cache: every contender but npyfeed's "direct" mode."""
     return r.cache == "cold" and r.contender.mode != "direct"
-
-
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def best(values) -> float | None:

@@ -42,11 +42,12 @@ except ImportError:  # bench_ab.py's child of an install from before npyfeed.ben
         from npyfeed import _measure as measure
 
 # The physical-limit probes, page-cache eviction, the table printer and the machine facts, for the benchmarks.
+# Only names every install a child may import has (bench_ab.py, --baseline DIR): a script that runs on the
+# current install only imports newer ones (random_read_limit, time_batches) from npyfeed.bench.measure.
 GB, PAGE, RandomReadResult = measure.GB, measure.PAGE, measure.RandomReadResult
 evict, format_table, machine_info = measure.evict, measure.format_table, measure.machine_info
 memcpy_bandwidth = measure.memcpy_bandwidth
 odirect_random_bandwidth, odirect_seq_bandwidth = measure.odirect_random_bandwidth, measure.odirect_seq_bandwidth
-random_read_limit = measure.random_read_limit
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_DATA_DIR = BENCH_DIR / "data"  # gitignored
@@ -199,7 +200,8 @@ def cached_fraction(paths: Sequence[str]) -> float:
 
 
 def read_bytes() -> int:
-    """Bytes this process has had read from storage (``read_bytes`` of /proc/self/io: read-ahead included)."""
+    """Bytes this process has had read from storage (``read_bytes`` of /proc/self/io: read-ahead included); in
+    children of any install (`time_batches` counts the same for the current one)."""
     with open("/proc/self/io") as f:
         return int(next(line for line in f if line.startswith("read_bytes:")).split()[1])
 

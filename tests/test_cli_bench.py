@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import npyfeed
@@ -587,6 +588,47 @@ def test_the_random_read_probes_report_files_smaller_than_a_block_as_nothing_to_
     assert direct is None or (direct.reads, direct.block) == (64, 8192)  # None: O_DIRECT refused here
     assert measure.buffered_random_bandwidth(paths[1:], 2) is None
     assert measure.odirect_random_bandwidth(paths[1:], 2) is None
+
+
+def test_time_batches_counts_what_it_took_stops_at_each_bound_and_closes_the_iterator():
+    def batches(n, sizes=(3, 5)):
+        for i in range(n):
+            time.sleep(0.002)
+            yield np.zeros((sizes[i % 2], 4)), np.zeros(sizes[i % 2])
+
+    class Closable:  # as npyfeed's iterators: close() ends it (a generator's would also run when it is freed)
+        def __init__(self, it):
+            self.it, self.closed = it, False
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(self.it)
+
+        def close(self):
+            self.closed = True
+
+    iterator = Closable(batches(10))
+    run = measure.time_batches(iterator, most_batches=4, keep_first=True)
+    assert (run.batches, run.samples, run.first_samples, run.stopped) == (4, 16, 3, "batches") and iterator.closed
+    assert run.first[0].shape == (3, 4) and 0 < run.first_s < run.seconds
+    assert run.samples_per_s == pytest.approx(16 / run.seconds)
+    assert run.steady_samples_per_s == pytest.approx(13 / (run.seconds - run.first_s))
+    assert measure.time_batches(batches(10), most_samples=9).samples == 11  # stops at the batch that reaches it
+    ended = measure.time_batches(batches(3))
+    assert (ended.batches, ended.stopped, ended.first) == (3, "end", None)
+    timed = measure.time_batches(batches(1000), seconds=0.02)
+    assert timed.stopped == "seconds" and timed.seconds - timed.first_s >= 0.02 and timed.batches < 1000
+    one = measure.time_batches(batches(1))
+    assert one.steady_samples_per_s == one.samples_per_s == pytest.approx(3 / one.first_s)
+
+    def late_start():  # a function is called on the clock: its time counts towards the first batch
+        time.sleep(0.05)
+        return batches(2)
+
+    assert measure.time_batches(late_start).first_s >= 0.05
+    assert measure.time_batches(iter(())).batches == 0
 
 
 @pytest.mark.parametrize("buffered", [False, True], ids=["direct", "buffered"])

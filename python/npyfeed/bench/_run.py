@@ -249,32 +249,16 @@ class Bench:
 
     def _time(self, name, cache, batches, seconds, most, exhausted="a whole epoch") -> Row:
         """Consume `batches` for `seconds` after the first batch (all of them with None), or up to `most` samples;
-        `exhausted` is the row's note when `batches` ends first."""
-        t0 = time.perf_counter()
-        first = start = end = None
-        n = samples = first_samples = 0
-        note = ""
-        for x, _ in batches:
-            end = time.perf_counter()
-            if first is None:
-                first, start, first_samples = end - t0, end, int(x.shape[0])
-            else:
-                n += 1
-                samples += int(x.shape[0])
-            if seconds is not None and end - start >= seconds:
-                break
-            if most is not None and first_samples + samples >= most:
-                note = "stopped at half the sampled files' bytes, so as not to find its own reads cached"
-                break
-        else:
-            note = exhausted
-        if first is None:
+        `exhausted` is the row's note when `batches` ends first. The rate leaves the first batch out (with one
+        batch in all, its own)."""
+        run = measure.time_batches(batches, most_samples=most, seconds=seconds)
+        if run.batches == 0:
             return Row(name, cache, skipped="no batch")
-        if n == 0:  # one batch in all: its rate, first batch included
-            n, samples, elapsed = 1, first_samples, first
-        else:
-            elapsed = end - start
-        return Row(name, cache, samples_per_s=samples / elapsed, batches=n, seconds=elapsed, first_batch_s=first,
+        note = {"end": exhausted, "samples": "stopped at half the sampled files' bytes, so as not to find its own "
+                                             "reads cached"}.get(run.stopped, "")
+        steady = run.batches > 1
+        return Row(name, cache, samples_per_s=run.steady_samples_per_s, batches=run.batches - steady,
+                   seconds=run.seconds - run.first_s if steady else run.seconds, first_batch_s=run.first_s,
                    note=note)
 
     def _lines(self, ids) -> list:

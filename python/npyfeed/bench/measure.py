@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import platform
+import resource
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -23,10 +24,10 @@ import numpy as np
 
 from .._resources import available_memory  # a machine fact the benchmarks report: MemAvailable, or a cgroup's limit
 
-__all__ = ["GB", "PAGE", "DIRECT_ALIGN", "evict", "memcpy_bandwidth", "fresh_buffer", "fresh_copy_bandwidth",
-           "page_touch_bandwidth", "odirect_seq_bandwidth", "RandomReadResult", "odirect_random_bandwidth",
-           "buffered_random_bandwidth", "READS_IN_FLIGHT", "random_read_limit", "format_table", "machine_info",
-           "available_memory", "cpu_model", "describe_cpu", "last_level_cache_bytes"]
+__all__ = ["GB", "PAGE", "DIRECT_ALIGN", "evict", "Pass", "time_batches", "memcpy_bandwidth", "fresh_buffer",
+           "fresh_copy_bandwidth", "page_touch_bandwidth", "odirect_seq_bandwidth", "RandomReadResult",
+           "odirect_random_bandwidth", "buffered_random_bandwidth", "READS_IN_FLIGHT", "random_read_limit",
+           "format_table", "machine_info", "available_memory", "cpu_model", "describe_cpu", "last_level_cache_bytes"]
 
 GB = 1e9
 PAGE = mmap.PAGESIZE
@@ -46,6 +47,90 @@ def evict(paths: Iterable[str]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+# --------------------------------------------------------------------------------------------- timing
+
+
+@dataclass
+class Pass:
+    """One timed run over batches (`time_batches`), from its start to the last batch taken."""
+
+    batches: int = 0
+    samples: int = 0
+    first_samples: int = 0  # in the first batch
+    first_s: float = 0.0  # from the start to the first batch
+    seconds: float = 0.0  # from the start to the last batch
+    cpu_s: float = 0.0  # this process's CPU time (user + system, every thread)
+    minor_faults: int = 0
+    read_bytes: int = 0  # read from storage by this process (/proc/self/io, read-ahead included)
+    stopped: str = "end"  # what ended it: "batches", "samples", "seconds" or "end" (the batches ran out)
+    first: tuple | None = None  # the first batch, with keep_first
+
+    @property
+    def samples_per_s(self) -> float:
+        """Samples over the whole run, the first batch (a pipeline's start-up, a cold read) included."""
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def steady_samples_per_s(self) -> float:
+        """Samples after the first batch over the time from its arrival to the last batch's: the rate once
+        started (a pipeline's start-up, paid once per epoch, left out); `samples_per_s` with one batch."""
+        if self.batches < 2 or self.seconds <= self.first_s:
+            return self.samples_per_s
+        return (self.samples - self.first_samples) / (self.seconds - self.first_s)
+
+
+def time_batches(batches, most_batches: int | None = None, most_samples: int | None = None,
+                 seconds: float | None = None, keep_first: bool = False) -> Pass:
+    """Take ``(x, y)`` batches (x's first axis the samples) until `most_batches` or `most_samples` are taken,
+    `seconds` have passed since the first batch, or they run out; then close the iterator where it can be closed
+    (npyfeed's, generators). `batches` is an iterable, or a function returning one that is called on the clock
+    (an iterator's start then counts, or an open). The result of each batch is dropped before the next is asked
+    for, except the first with `keep_first`."""
+
+    def counters() -> tuple:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return time.perf_counter(), usage.ru_utime + usage.ru_stime, usage.ru_minflt, _storage_read_bytes()
+
+    out = Pass()
+    t0, cpu0, faults0, read0 = counters()
+    iterator = iter(batches() if callable(batches) else batches)
+    try:
+        for x, _ in iterator:
+            now = time.perf_counter() - t0
+            n = int(x.shape[0])
+            if out.batches == 0:
+                out.first_s, out.first_samples = now, n
+                out.first = (x, _) if keep_first else None
+            out.batches, out.samples, out.seconds = out.batches + 1, out.samples + n, now
+            del x
+            if most_batches is not None and out.batches >= most_batches:
+                out.stopped = "batches"
+            elif most_samples is not None and out.samples >= most_samples:
+                out.stopped = "samples"
+            elif seconds is not None and now - out.first_s >= seconds:
+                out.stopped = "seconds"
+            else:
+                continue
+            break
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+    _, cpu1, faults1, read1 = counters()
+    out.cpu_s, out.minor_faults, out.read_bytes = cpu1 - cpu0, faults1 - faults0, read1 - read0
+    return out
+
+
+def _storage_read_bytes() -> int:
+    """Bytes this process has had read from storage (``read_bytes`` of /proc/self/io, read-ahead included; 0 where
+    the system does not say)."""
+    try:
+        with open("/proc/self/io") as f:
+            return int(next(line for line in f if line.startswith("read_bytes:")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        return 0
 
 
 # --------------------------------------------------------------------------------------------- limits
@@ -225,8 +310,8 @@ def _random_read_bandwidth(paths: Sequence[str], threads: int, block: int, reads
     return RandomReadResult(reads * block / elapsed / GB, reads / elapsed, block, reads, threads)
 
 
-# Reads in flight per gather thread at which a random-read limit is probed: one (a page fault in a mapping, a
-# read), 4 (mode="direct"'s queue) and 16 (a cold batch's read-ahead hints queue many windows at once).
+#: Reads in flight per gather thread at which `random_read_limit` probes: one (a page fault in a mapping, a read),
+#: 4 (mode="direct"'s queue) and 16 (a cold batch's read-ahead hints queue many windows at once).
 READS_IN_FLIGHT = (1, 4, 16)
 
 
