@@ -418,6 +418,25 @@ def test_load_factor_files_duplicate_key(factor_files):
     assert store == {"x": 1}
 
 
+@pytest.mark.parametrize("mode", ["read", "mmap"])
+def test_one_file_listed_twice_is_loaded_as_once(factor_files, tmp_path, mode, assert_same_as_np_load):
+    """As the users' np.load loop would: the same file under its own name, another spelling of its path or a
+    link to it is no clash of keys; another file of that name still is."""
+    first = factor_files[0]
+    link = tmp_path / first.name
+    link.symlink_to(first)
+    store = npyfeed.load_factor_files([first, str(first.parent / ".." / "factor" / first.name), link, *factor_files],
+                                      {}, mode=mode)
+    assert list(store) == [p.name[:-4] for p in factor_files]
+    for path in factor_files:
+        assert_same_as_np_load(store[path.name[:-4]], path)
+    other = tmp_path / "other" / first.name
+    other.parent.mkdir()
+    other.write_bytes(first.read_bytes())  # the same bytes, but another file
+    with pytest.raises(ValueError, match=f"two files map to the key '{first.name[:-4]}'"):
+        npyfeed.load_factor_files([first, other], {}, mode=mode)
+
+
 @pytest.mark.parametrize("given", ["folder", "folder_bytes", "folder_path", "file", "number", "list_of_numbers"])
 @pytest.mark.parametrize("call", ["load_factor_files", "load_many"])
 def test_a_single_path_instead_of_a_list_is_a_type_error_naming_the_argument(factor_files, given, call):

@@ -252,34 +252,42 @@ def load_factor_files(in_files: Sequence, store_dict: MutableMapping | None = No
         `in_files` is a single path (a folder's name, say) rather than a sequence of paths, or an item is not a
         path: the message names `in_files` (the error is also a ``ValueError``).
     ValueError
-        Two files (or members) map to the same key; the message names both.
+        Two files (or members of two files) map to the same key; the message names both. One file listed twice
+        (under any of its names) is loaded as once.
     """
     if store_dict is None:
         store_dict = {}
     paths = _path_list(in_files, "in_files")
     key_of = key or _default_key
-    seen: dict = {}
+    seen: dict = {}  # key -> (where it comes from, the file)
 
-    def claim(k, source: str) -> None:
-        if k in seen:
-            raise ValueError(f"two files map to the key {k!r}: {seen[k]} and {source}")
-        seen[k] = source
+    def claim(k, source: str, path: str) -> None:
+        if k in seen and not _same_file(seen[k][1], path):  # one file listed twice gives the same arrays
+            raise ValueError(f"two files map to the key {k!r}: {seen[k][0]} and {source}")
+        seen[k] = (source, path)
 
     for p in paths:
         if not npz.is_npz(p):
-            claim(key_of(p), p)
+            claim(key_of(p), p, p)
     arrays = load_many(paths, mode=mode, threads=threads, progress=progress, populate=populate,
                        max_header_size=max_header_size, cpus=cpus, nice=nice, io_priority=io_priority)
     filled = []
     for p, array in zip(paths, arrays):
         if npz.is_npz(p):
             for k, member in npz.store_keys(p, array, key_of):
-                claim(k, p if k != member else f"{p} (member {member!r})")
+                claim(k, p if k != member else f"{p} (member {member!r})", p)
                 filled.append((k, array[member]))
         else:
             filled.append((key_of(p), array))
     store_dict.update(filled)  # only after every file loaded: no half-filled dict
     return store_dict
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 class _BytesBar:
