@@ -345,29 +345,18 @@ def importing_from(env: dict, install: str) -> dict:
     return dict(env, PYTHONPATH=install + (os.pathsep + rest if rest else ""))
 
 
-def run_children(script: str, cfg: dict, env: dict | None, what: str, processes: int = 1,
-                 fail: bool = True) -> list:
-    """The parent half of `serve_child`: `script` run in `processes` fresh Pythons started together, each with
-    ``--child JSON(cfg)``, environment `env` (None: this one's), from ``/`` (so that the installed npyfeed is
-    imported, not a checkout's); returns the JSON each printed last. A child that fails exits naming `what` with
-    its output, or with ``fail=False`` gives ``{"error": the end of its stderr}``."""
-    cmd = [sys.executable, str(Path(script).resolve()), "--child", json.dumps(cfg)]
-    procs = [subprocess.Popen(cmd, env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(processes)]
-    out = []
-    for (stdout, stderr), rc in [(p.communicate(), p.returncode) for p in procs]:
-        if rc == 0:
-            out.append(json.loads(stdout.strip().splitlines()[-1]))
-        elif fail:
-            raise SystemExit(f"child ({what}) failed with {rc}:\n{stdout}\n{stderr}")
-        else:
-            out.append({"error": stderr[-2000:]})
-    return out
-
-
 def run_child(script: str, cfg: dict, env: dict | None, what: str, fail: bool = True) -> dict:
-    """`run_children` with one process: its JSON."""
-    return run_children(script, cfg, env, what, 1, fail)[0]
+    """The parent half of `serve_child`: `script` run in a fresh Python with ``--child JSON(cfg)``, environment
+    `env` (None: this one's), from ``/`` (so that the installed npyfeed is imported, not a checkout's); returns the
+    JSON it printed last. A child that fails exits naming `what` with its output, or with ``fail=False`` gives
+    ``{"error": the end of its stderr}``."""
+    r = subprocess.run([sys.executable, str(Path(script).resolve()), "--child", json.dumps(cfg)], env=env,
+                       capture_output=True, text=True, cwd="/")
+    if r.returncode == 0:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    if fail:
+        raise SystemExit(f"child ({what}) failed with {r.returncode}:\n{r.stdout}\n{r.stderr}")
+    return {"error": r.stderr[-2000:]}
 
 
 def write_json(path: str | os.PathLike, payload: dict) -> None:

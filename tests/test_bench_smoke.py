@@ -60,26 +60,6 @@ def test_bench_node_quick(tmp_path):
     assert result["runs"]["npyfeed"]["results"][0]["samples"] == 6 * (400 - 99)
 
 
-def test_bench_index_quick(tmp_path):
-    out = tmp_path / "index.json"
-    proc = run_bench("bench_open.py", tmp_path, "--scenarios", "index", "--json", str(out))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    header = [line for line in proc.stdout.splitlines() if line.startswith("scenario")]
-    assert header and "RssAnon" in header[0] and "first batch" in header[0], proc.stdout
-    assert "targets (issue 8" in proc.stdout
-    result = json.loads(out.read_text())
-    assert "seconds" not in result  # the files' opens were not run
-    records = {r["name"]: r["results"] for r in result["index_scenarios"]}
-    # The first open compiled and wrote the cache, the second mapped the same file; every batch matched numpy.
-    compiled, cached = records["compile (empty cache)"][0], records["cached"][0]
-    assert compiled["cache"] and compiled["cache"] == cached["cache"]
-    assert all(r.get("checked", True) for results in records.values() for r in results)
-    assert len(records["2 at once, cached"]) == 2 and all(r["checked"] for r in records["2 at once, cached"])
-    # the bench removes its caches
-    assert Path(compiled["cache"]).is_relative_to(tmp_path / "data") and not Path(compiled["cache"]).exists()
-    assert not list((tmp_path / "data").glob("*/caches"))
-
-
 def test_bench_npz_quick(tmp_path):
     out = tmp_path / "npz.json"
     proc = run_bench("bench_npz.py", tmp_path, "--json", str(out))
