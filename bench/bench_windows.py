@@ -492,21 +492,20 @@ class NpyfeedOption(Npyfeed):
 
 
 def option_rows(results: list, by: dict) -> list:
-    """Per option row: samples/s against plain (e) mmap warm of the same run, and the target (at most 10% slower;
-    a quarter of the columns faster than plain). Also by CPU time per sample (the work, all threads), which a
-    loaded machine inflates far less than wall time: the status by that ratio (plain's CPU over the option's)
-    stands beside the one by samples/s."""
+    """Per option row: samples/s against plain (e) mmap warm of the same rounds (`ratio`), and the target (at most
+    10% slower; a quarter of the columns faster than plain). Also by CPU time per sample (the work, all threads),
+    which a loaded machine inflates far less than wall time: the status by that ratio (plain's CPU over the
+    option's) stands beside the one by samples/s."""
     out = []
     for r in results:
         plain = by[r.dtype].get("e-mmap warm")
         if r.contender.tag != "o" or not plain:
             continue
-        ratio = r.best / plain.best
-        cpu_ratio = plain.best_cpu_us / r.best_cpu_us  # > 1: less work per sample than plain
+        speed, cpu = ratio(r, plain), ratio(r, plain, "cpu_us")  # cpu > 1: less work per sample than plain
         faster = "features=slice" in r.contender.label
-        status = ["met" if (x > 1.0 if faster else x >= 0.9) else "MISSED" for x in (ratio, cpu_ratio)]
+        status = ["met" if (x > 1.0 if faster else x >= 0.9) else "MISSED" for x in (speed, cpu)]
         out.append([r.contender.label, r.dtype, f"{plain.best:,.0f}", f"{r.best:,.0f}", f"{r.median:,.0f}",
-                    f"{ratio:.2f}x", f"{plain.best_cpu_us:.1f}", f"{r.best_cpu_us:.1f}", f"{cpu_ratio:.2f}x",
+                    f"{speed:.2f}x", f"{plain.best_cpu_us:.1f}", f"{r.best_cpu_us:.1f}", f"{cpu:.2f}x",
                     ">1.00x" if faster else ">=0.90x", *status])
     return out
 
@@ -755,8 +754,14 @@ def best(values) -> float | None:
     return max((v for v in values if v is not None), default=None)
 
 
-def ratio(x: Result | None, y: Result | None) -> float | None:
-    return x.best / y.best if (x and y) else None
+def ratio(x: Result | None, y: Result | None, of: str = "rates") -> float | None:
+    """x over y within each round (their runs minutes apart at most, in the same state of the machine), the median
+    over the rounds: what the best rounds' ratio would leave to the noise between rounds. `of`: "rates" (samples/s)
+    or "cpu_us" (then y's over x's: above 1, x does less work per sample)."""
+    if not (x and y):
+        return None
+    pairs = zip(x.rates, y.rates) if of == "rates" else zip(y.cpu_us, x.cpu_us)
+    return statistics.median(a / b for a, b in pairs)
 
 
 def limit_rates(args, limits: dict, out_sample_bytes: int, window_bytes: dict) -> dict:
@@ -852,7 +857,8 @@ def main(argv=None) -> int:
     print("samples/s = best round (median beside it); warm: counted from the first batch's arrival to the last "
           "batch's (steady state), cold: from the start (first batch included); 1st ms = median time to the first "
           "batch (pipeline start-up, once per epoch; cold: the open included); x (a) / x (e) = against (a) and (e) "
-          "npyfeed mmap, same source dtype and cache; x (b) = against (b) warm, the users' common path; cpu us/smp = "
+          "npyfeed mmap, same source dtype and cache, within each round (median over the rounds); x (b) = against (b) "
+          "warm, the users' common path; cpu us/smp = "
           "CPU time of this process (all threads: npyfeed's, TensorFlow's) per sample in the best round; read B/smp = "
           "bytes read from storage per sample (/proc/self/io, read-ahead included; median round); x limit = against "
           "the limit named (warm: memory copy of the float32 x output; cold: O_DIRECT random reads of source windows, "
@@ -871,12 +877,13 @@ def main(argv=None) -> int:
     if opts:
         print()
         print("gather options (o): (e) npyfeed mmap, warm, with one option each, against plain (e) mmap of the same "
-              "run (best rounds; cpu us = CPU time per sample of all threads in the best round, cpu x plain = plain's "
-              "over the option's)")
+              "rounds (x plain and cpu x plain: within each round, median over the rounds; cpu us = CPU time per sample "
+              "of all threads in the best round, cpu x plain = plain's over the option's)")
         print(common.format_table(OPTION_HEADER, opts, align="llrrrrrrrrll"))
     targets = evaluate_targets(by, limit_rate, args.dtypes)
     print()
-    print("targets (issue 3, 2-core machine; best rounds)")
+    print("targets (issue 3, 2-core machine; against a limit: the best round; between contenders: within each "
+          "round, median over the rounds)")
     print(common.format_table(("target", "src", "measured", "needed", "status"),
                               [[t["target"], t["dtype"], t["measured"], t["needed"], t["status"]] for t in targets],
                               align="llrrl"))
@@ -894,7 +901,8 @@ def main(argv=None) -> int:
 
 
 def evaluate_targets(by: dict, limit_rate: dict, dtypes) -> list:
-    """The issue's targets per source dtype (best rounds); a target of a cold row that was not cold is n/a."""
+    """The issue's targets per source dtype (against a limit: the best round; between contenders: `ratio`); a target
+    of a cold row that was not cold is n/a."""
     out = []
 
     def add(target, dtype, value, needed, threshold, shown=None, cold_rows=()):
@@ -916,7 +924,7 @@ def evaluate_targets(by: dict, limit_rate: dict, dtypes) -> list:
         f, e, a, t = got("f-mmap warm"), got("e-mmap warm"), got("a warm"), got("t warm")
         if f:
             add("(f) warm vs (e) mmap warm", dtype, ratio(f, e), ">= 0.950x", 0.95)  # issue 11 (was 0.8)
-            cpu = f.best_cpu_us / e.best_cpu_us if (e and f.best_cpu_us and e.best_cpu_us) else None
+            cpu = None if e is None else 1 / ratio(f, e, "cpu_us")  # f's CPU per sample over e's, per round
             add("(f) warm cpu/sample vs (e)", dtype, None if cpu is None else 1.1 / cpu, "<= 1.10x", 1.0,
                 common.fmt(cpu, ".3f", "x"))
             add("(f) warm vs (a) warm", dtype, ratio(f, a), ">= 75x", 75, common.fmt(ratio(f, a), ".0f", "x"))

@@ -40,3 +40,20 @@ def test_bench_windows_quick(tmp_path):
         assert len(r["read_bytes_per_sample"]) == len(r["samples_per_s"]), r
         if r["cache"] == "cold" and r["residency_before"] <= 0.02:
             assert min(r["read_bytes_per_sample"]) > 0, r
+
+
+def test_ratios_between_contenders_are_taken_within_each_round(tmp_path):
+    """x (e) is the median over the rounds of the ratio within each round, not the best rounds' ratio."""
+    out = tmp_path / "result.json"
+    tiny = ["--files", "6", "--rows", "200", "--cols", "32", "--batch", "16", "--batches", "3", "--cold-batches", "2",
+            "--python-batches", "2", "--users-batches", "1", "--random-reads", "64", "--dtypes", "float32"]
+    proc = subprocess.run([sys.executable, str(BENCH), *tiny, "--repeats", "3", "--no-tf", "--no-options",
+                           "--dir", str(tmp_path / "data"), "--json", str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())["results"]
+    plain = {r["cache"]: r["samples_per_s"] for r in results if r["name"] == "(e) npyfeed batches mmap"}
+    for r in results:
+        assert len(r["samples_per_s"]) == 3
+        within = sorted(a / b for a, b in zip(r["samples_per_s"], plain[r["cache"]]))
+        assert r["vs_e_mmap"] == pytest.approx(within[1]), r
