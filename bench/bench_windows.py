@@ -726,7 +726,7 @@ def run_dtype(args, dtype, tf, limits, window_bytes, log) -> list:
             else:  # the disk's random reads of one window, O_DIRECT and through the page cache: [GB/s, in flight]
                 for kind in ("random", "buffered"):
                     rr = random_read_limit(data.ds.factor_paths, args.threads, window_bytes,
-                                                  reads=args.random_reads, seed=rnd, buffered=kind == "buffered")
+                                           reads=args.random_reads, seed=rnd, buffered=kind == "buffered")
                     limits.setdefault(f"{kind}_{dtype}", []).append(None if rr is None else [rr.gbps, rr.threads])
             shift = rnd % len(res)
             for r in res[shift:] + res[:shift]:
@@ -755,9 +755,9 @@ def best(values) -> float | None:
 
 
 def ratio(x: Result | None, y: Result | None, of: str = "rates") -> float | None:
-    """x over y within each round (their runs minutes apart at most, in the same state of the machine), the median
-    over the rounds: what the best rounds' ratio would leave to the noise between rounds. `of`: "rates" (samples/s)
-    or "cpu_us" (then y's over x's: above 1, x does less work per sample)."""
+    """x over y within each round (both ran in it, in the same state of the machine), the median over the rounds:
+    a ratio of best rounds would take in the machine's drift between rounds. `of`: "rates" (samples/s) or "cpu_us"
+    (then y's over x's: above 1, x does less work per sample)."""
     if not (x and y):
         return None
     pairs = zip(x.rates, y.rates) if of == "rates" else zip(y.cpu_us, x.cpu_us)
@@ -787,10 +787,10 @@ def limit_rows(args, limits: dict, copy_1: float, out_sample_bytes: int, window_
                for name, values in limits.items() if name.startswith("copy_")]
     for prefix, label in (("random_", "O_DIRECT random read"), ("buffered_", "buffered random read")):
         for name, values in limits.items():
-            probe = best(values) if name.startswith(prefix) else None
-            if probe:
-                probes.append((f"{label} qd{probe[1]} ({name[len(prefix):]})", probe[0], window_bytes[name[len(prefix):]],
-                               "windows"))
+            if name.startswith(prefix):  # the best round's [GB/s, reads in flight]; None: O_DIRECT refused
+                dtype, probe = name[len(prefix):], best(values)
+                probes.append((f"{label}{f' qd{probe[1]}' if probe else ''} ({dtype})", probe[0] if probe else None,
+                               window_bytes[dtype], "windows"))
     return [[name, common.fmt(g, ".2f"), common.fmt(None if g is None else g * common.GB / nbytes, ",.0f"),
              f"{nbytes} B {unit}"] for name, g, nbytes, unit in probes]
 

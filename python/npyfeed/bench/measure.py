@@ -97,14 +97,14 @@ def time_batches(batches, most_batches: int | None = None, most_samples: int | N
     t0, cpu0, faults0, read0 = counters()
     iterator = iter(batches() if callable(batches) else batches)
     try:
-        for x, _ in iterator:
+        for x, y in iterator:
             now = time.perf_counter() - t0
             n = int(x.shape[0])
             if out.batches == 0:
                 out.first_s, out.first_samples = now, n
-                out.first = (x, _) if keep_first else None
+                out.first = (x, y) if keep_first else None
             out.batches, out.samples, out.seconds = out.batches + 1, out.samples + n, now
-            del x
+            del x, y
             if most_batches is not None and out.batches >= most_batches:
                 out.stopped = "batches"
             elif most_samples is not None and out.samples >= most_samples:
