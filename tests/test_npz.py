@@ -55,6 +55,35 @@ def check_same_as_np_load(result: dict, path: Path, mode: str) -> None:
             assert array.flags.writeable == (mode != "mmap"), key
 
 
+@pytest.mark.parametrize("writer", [pytest.param("stored"), pytest.param("deflated", marks=needs_zlib)])
+def test_read_header_of_an_archive_member_is_np_loads_shape_and_dtype(writer, tmp_path):
+    """read_header of a .npz: the only member, or `member=`; what np.load gives, none of the data read."""
+    arrays = arrays_of_every_kind()
+    path = tmp_path / "every.npz"
+    WRITERS[writer](path, **arrays)
+    with np.load(path, allow_pickle=False) as archive:
+        for name in archive.files:
+            header = npyfeed.read_header(path, member=name)
+            want = archive[name]
+            assert (header.shape, header.dtype, header.nbytes) == (want.shape, want.dtype, want.nbytes), name
+            assert header.fortran_order == (want.flags.f_contiguous and not want.flags.c_contiguous), name
+    with pytest.raises(ValueError, match=r"every\.npz: the archive holds 15 arrays; name the one to read"):
+        npyfeed.read_header(path)
+    with pytest.raises(ValueError, match=r"no member 'nope' in the archive \(it holds 'factors', 'f8_fortran'"):
+        npyfeed.read_header(path, member="nope")
+    one = tmp_path / "AAPL.npz"
+    WRITERS[writer](one, arrays["factors"])  # saved without a name: member arr_0
+    header = npyfeed.read_header(str(one))
+    assert (header.shape, header.dtype) == ((480, 256), np.dtype(np.float32))
+    assert header == npyfeed.read_header(one, member="arr_0")
+    np.save(tmp_path / "a.npy", arrays["i1"])
+    with pytest.raises(ValueError, match=r"a\.npy: member='arr_0' names an array of a \.npz archive"):
+        npyfeed.read_header(tmp_path / "a.npy", member="arr_0")
+    (tmp_path / "broken.npz").write_bytes(one.read_bytes()[:-30])  # the end of the central directory cut off
+    with pytest.raises(npyfeed.NpyFormatError, match="broken.npz"):
+        npyfeed.read_header(tmp_path / "broken.npz")
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("writer", [pytest.param("stored"), pytest.param("deflated", marks=needs_zlib)])
 def test_load_equals_np_load(writer, mode, tmp_path):

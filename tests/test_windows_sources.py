@@ -22,7 +22,51 @@ from windows_data import (
     many_keys_dataset,
     open_source,
     reference,
+    write_dataset,
 )
+
+# ----------------------------------------------------------------------------------------------------------
+# locate: where each sample comes from
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_locate_gives_each_samples_index_line(small, mode):
+    """locate(ids) = the index lines of those samples, in the order asked, against the index as written."""
+    src = open_source(small, mode)
+    keys = np.array(src.keys)
+    everything = src.locate(np.arange(len(src)))
+    assert isinstance(everything, npyfeed.SampleLocation)
+    assert list(zip(everything.feature_index.tolist(), everything.label_index.tolist(),
+                    keys[everything.key].tolist())) == [tuple(e) for e in small.entries]
+    order = src.epoch_order(3, shuffle=True, seed=9)[:17]
+    some = src.locate(order.tolist())
+    assert [(int(f), int(l), keys[k]) for k, f, l in zip(*some)] == [tuple(small.entries[i]) for i in order]
+    none = src.locate(np.array([], dtype=np.int32))
+    assert [len(a) for a in none] == [0, 0, 0]
+    with pytest.raises(IndexError, match=str(len(src))):
+        src.locate([0, len(src)])
+    with pytest.raises(IndexError):
+        src.locate([-1])
+    with pytest.raises(TypeError, match="sample_ids must be a 1-d sequence of integers"):
+        src.locate([[0, 1]])
+    with pytest.raises(TypeError, match="sample_ids must be a 1-d sequence of integers"):
+        src.locate([0.5])
+
+
+def test_locate_numbers_keys_in_the_index_when_keys_are_left_out(tmp_path):
+    """missing='skip' and bounds='skip': the samples left are located by their lines, keys numbered in `keys`."""
+    rng = np.random.default_rng(3)
+    factors = {f"k{k}": rng.standard_normal((10, 3)).astype(np.float32) for k in range(4)}
+    labels = {k: rng.standard_normal((10, 1)).astype(np.float32) for k in factors}
+    entries = [(int(rng.integers(0, 12)), int(rng.integers(0, 11)), f"k{int(rng.integers(0, 4))}") for _ in range(60)]
+    ds = write_dataset(tmp_path, factors, labels, entries, 3)
+    (ds.label_dir / "k1.npy").unlink()
+    src = open_source(ds, "mmap", missing="skip", bounds="skip")
+    kept = [e for e in entries if e[2] != "k1" and 2 <= e[0] < 10 and e[1] < 10]
+    assert len(src) == len(kept) > 10 and src.missing_keys == ("k1",) and src.skipped > 0
+    where = src.locate(np.arange(len(src)))
+    assert [(int(f), int(l), src.keys[k]) for k, f, l in zip(*where)] == kept
+
 
 # ----------------------------------------------------------------------------------------------------------
 # from_arrays: the users' migration path

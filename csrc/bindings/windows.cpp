@@ -233,17 +233,7 @@ void bind_windows(py::module_& m) {
       .def_property_readonly("x_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.x_shape())); })
       .def_property_readonly("y_shape", [](const WindowSource& s) { return py::tuple(py::cast(s.y_shape())); })
       .def("describe", &WindowSource::describe)
-      // Per key: the shapes of its factor and label arrays.
-      .def("key_shapes",
-           [](const WindowSource& s) {
-             py::list out;
-             for (std::size_t k = 0; k < s.num_keys(); ++k) {
-               out.append(py::make_tuple(py::tuple(py::cast(s.factor_source(k).header().shape)),
-                                         py::tuple(py::cast(s.label_source(k).header().shape))));
-             }
-             return out;
-           })
-      // (key, feature_index, label_index) of each sample id: what a device-side gather needs to form a batch.
+      // (key, feature_index, label_index) of each sample id: WindowSource.locate.
       .def("sample_fields",
            [](const WindowSource& s, const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& ids) {
              const std::vector<std::int64_t> wanted = int64_vector(ids);

@@ -7,7 +7,7 @@ from .index_check import IndexProblem, IndexReport, check_index
 from .loading import MODES, Header, load, load_factor_files, load_many, read_header
 from .plan import BatchIterator, Plan
 from .warm import DirectoryResidency, WarmReport, warm
-from .windows import BOUNDS, WindowSource
+from .windows import BOUNDS, SampleLocation, WindowSource
 
 
 def __getattr__(name):
@@ -33,6 +33,7 @@ __all__ = [
     "Plan",
     "BatchIterator",
     "BOUNDS",
+    "SampleLocation",
     "check_index",
     "IndexReport",
     "IndexProblem",

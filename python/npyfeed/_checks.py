@@ -63,5 +63,13 @@ def boolean(value, name: str) -> bool:
     return bool(value)
 
 
+def sample_ids(value) -> np.ndarray:
+    """`value` as a 1-d int64 array of sample ids (the core checks their range)."""
+    ids = np.asarray(value)
+    if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
+        raise ArgumentTypeError("sample_ids must be a 1-d sequence of integers")
+    return ids.astype(np.int64, copy=False)
+
+
 def _range_text(low, high) -> str:
     return f"[{'-inf' if low is None else low}, {'inf' if high is None else high})"

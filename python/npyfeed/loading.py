@@ -91,12 +91,18 @@ def _resolve_mode(mode: str, auto: str) -> str:
     return auto if mode == "auto" else mode
 
 
-def read_header(path, *, max_header_size: int = MAX_HEADER_SIZE) -> Header:
-    """Read and validate the header of a `.npy` file without reading its data.
+def read_header(path, *, member: str | None = None, max_header_size: int = MAX_HEADER_SIZE) -> Header:
+    """Read and validate the header of a `.npy` file, or of one array of a `.npz` archive, without reading its
+    data.
 
     Parameters
     ----------
     path : str or os.PathLike
+        A `.npy` file, or a `.npz` archive (by its name; its directory and every member's header are checked).
+    member : str, optional
+        An archive's member to describe, by its name without ``.npy`` (as `WindowSource`'s ``member=``);
+        default: the archive's only array. A member's ``data_offset`` and ``file_size`` are within its `.npy`
+        bytes (its uncompressed size), not within the archive.
     max_header_size : int
         Largest header text accepted, as in ``np.load`` (default 10000).
 
@@ -107,11 +113,24 @@ def read_header(path, *, max_header_size: int = MAX_HEADER_SIZE) -> Header:
     Raises
     ------
     NpyFormatError
-        The file is not a valid `.npy` file, or is shorter than its header promises.
+        The file is not a valid `.npy` file (or `.npz` archive), or is shorter than its header promises.
+    ValueError
+        An archive holding several arrays without `member`, a `member` it does not hold (its members named), or
+        a `member` for a `.npy` file.
     OSError
         The file cannot be opened or read (``FileNotFoundError``, ``IsADirectoryError``, ...).
     """
-    return Header(**_core.read_header(_native(_fspath(path)), max_header_size))
+    path = _fspath(path)
+    if not path.endswith(".npz"):
+        if member is not None:
+            raise ValueError(f"{path}: member={member!r} names an array of a .npz archive, and this is a .npy file")
+        return Header(**_core.read_header(_native(path), max_header_size))
+    headers = {key: header for key, header, *_ in _core.read_npz_headers(_native(path), max_header_size)}
+    if member is None and len(headers) != 1:
+        raise ValueError(f"{path}: the archive holds {len(headers)} arrays; name the one to read (member=)")
+    if member is not None and member not in headers:
+        raise ValueError(f"{path}: no member {member!r} in the archive (it holds {', '.join(map(repr, headers))})")
+    return Header(**(headers[member] if member is not None else next(iter(headers.values()))))
 
 
 def load(path, *, mode: str = "auto", threads: int | None = None, populate: bool = False,

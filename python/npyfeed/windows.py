@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,7 +37,15 @@ from .plan import DEFAULT_MEMORY_BUDGET, BatchIterator, Plan, shuffle_kind
 
 log = logging.getLogger("npyfeed")
 
-__all__ = ["WindowSource", "BatchIterator", "BOUNDS"]
+__all__ = ["WindowSource", "BatchIterator", "BOUNDS", "SampleLocation"]
+
+
+class SampleLocation(NamedTuple):
+    """`WindowSource.locate`'s answer, one entry per sample: ``key`` (uint32), ``feature_index``, ``label_index``."""
+
+    key: np.ndarray
+    feature_index: np.ndarray
+    label_index: np.ndarray
 
 
 class WindowSource:
@@ -368,11 +377,6 @@ class WindowSource:
         limit = self._core.mapping_limit if self.mode == "mmap" else 0
         return limit or None
 
-    def _key_shapes(self, keys) -> tuple:
-        """([factor shape], [label shape]) of `keys` (key numbers, in `keys` order)."""
-        shapes = self._core.key_shapes()
-        return [shapes[k][0] for k in keys], [shapes[k][1] for k in keys]
-
     @property
     def files(self) -> tuple:
         """The factor files, then the label files, one per key in `keys` order (empty for `from_arrays`)."""
@@ -452,10 +456,13 @@ class WindowSource:
 
         Raises ``IndexError`` for ids outside ``[0, len(self))``.
         """
-        ids = np.asarray(sample_ids)
-        if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
-            raise _checks.ArgumentTypeError("sample_ids must be a 1-d sequence of integers")
-        return self._core.get(ids.astype(np.int64, copy=False))
+        return self._core.get(_checks.sample_ids(sample_ids))
+
+    def locate(self, sample_ids) -> SampleLocation:
+        """Where samples come from, as arrays (what `describe` says of one sample): ``key``, numbers into `keys`;
+        ``feature_index`` and ``label_index``, from each sample's index line (dense sources: the window's last
+        row and its label row). Raises ``IndexError`` for ids outside ``[0, len(self))``."""
+        return SampleLocation(*self._core.sample_fields(_checks.sample_ids(sample_ids)))
 
     def plan(self, batch_size: int, *, shuffle: bool | str = False, seed: int = 0, num_shards: int = 1,
              shard_index: int = 0, drop_remainder: bool = False, memory_budget: int = DEFAULT_MEMORY_BUDGET,
@@ -505,9 +512,8 @@ class WindowSource:
             order: keep it fixed to reproduce an epoch). Every entry point (`batches`, `epoch_order`,
             ``npyfeed.tf.dataset`` and the Keras and PyTorch adapters) has the same default, and ``None`` means
             it too, so they all give the same order. Batch buffers, and a key larger than half the budget, come on
-            top; so do the samples
-            grouped by key, which the source builds at its first blocks plan and shares with every later one
-            (nothing per sample where the index lists each key's lines together, else 4 bytes per sample).
+            top; so do the samples grouped by key, built by the source's first blocks plan and shared by the later
+            ones (nothing per sample where the index lists each key's lines together, else 4 bytes per sample).
         prefetch : int
             Batches gathered ahead of the one asked for (at least 1), by `Plan.take` and `Plan.batches`.
 
