@@ -229,9 +229,7 @@ class UsersNpLoad(TFPipeline):
     batches_flag = "users_batches"
 
     def open(self, data, batches):
-        fdir = {k: os.path.dirname(p) for k, p in data.factor_path.items()}
-        ldir = {k: os.path.dirname(p) for k, p in data.label_path.items()}
-        get_data_from_cache = baselines.np_load_sample(fdir, ldir, data.window)  # the users' "advice" code
+        get_data_from_cache = baselines.np_load_sample(data.factor_path, data.label_path, data.window)
         return self.serve(self.per_sample(data, data.ids(batches), get_data_from_cache))
 
     def setup_text(self, data):

@@ -393,6 +393,27 @@ def quick(data, **kw):
     return bench.run(data["index"], data["factor_dir"], data["label_dir"], **args)
 
 
+def test_npz_archives_are_measured_like_npy_files(tmp_path):
+    """A data set of .npz archives of one array beside .npy files (float64 here): the users' rows read the archives
+    as they would (np.load(path)["arr_0"]), and the report's dtype and shape are the member's, not assumed."""
+    base = tmp_path / "npz"
+    rng = np.random.default_rng(1)
+    for sub in ("factor", "label"):
+        (base / sub).mkdir(parents=True)
+    for k in range(3):
+        save = np.save if k == 1 else np.savez  # key k1: .npy files; the others: archives
+        save(base / "factor" / f"k{k}.np{'y' if k == 1 else 'z'}", rng.standard_normal((ROWS, COLS)))
+        save(base / "label" / f"k{k}.np{'y' if k == 1 else 'z'}", rng.standard_normal((ROWS, LABELS)))
+    index = _layout.write_index(base / "index.txt", _layout.index_text((i, i, f"k{i % 3}") for i in range(W, ROWS)))
+    rep = bench.run(index, base / "factor", base / "label", window=W, batch_size=B, seconds=0.05, tf=False,
+                    progress=False, cold=False)
+    assert rep.data["dtype"] == "float64" and rep.data["factor_shape"] == [ROWS, COLS]
+    assert rep.data["samples"] == ROWS - W
+    rows = {r.name: r for r in rep.rows}
+    for name in (bench.DICT_ROW, bench.NP_LOAD_ROW, bench.ITERATOR):
+        assert rows[name].skipped is None and rows[name].samples_per_s > 0, rows[name]
+
+
 def test_cold_rows_are_skipped_when_the_cache_cannot_be_dropped(data, monkeypatch):
     files = data_files(data["factor_dir"], data["label_dir"])
     npyfeed.warm(files, lock=False)

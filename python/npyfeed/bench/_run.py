@@ -76,14 +76,14 @@ class Bench:
         wanted = np.zeros(len(keys), bool)
         wanted[chosen] = True
         for start in range(0, n, 1 << 22):  # in pieces: 66M samples would be 1.6 GB of fields at once
-            k, f, l = src._core.sample_fields(np.arange(start, min(n, start + (1 << 22)), dtype=np.int64))
+            k, f, l = src.locate(np.arange(start, min(n, start + (1 << 22)), dtype=np.int64))
             counts += np.bincount(k, minlength=len(keys))
             if len(chosen) < len(keys):
                 mask = wanted[k]
                 for out, a in zip(fields, (k[mask], f[mask], l[mask])):
                     out.append(a)
-        shape = tuple(src._key_shapes([0])[0][0])
-        dtype = read_header(files[0]).dtype if files[0].endswith(".npy") else np.dtype(np.float32)  # .npz: assumed
+        header = read_header(files[0])  # key 0's factor array (a WindowSource without member=: one per archive)
+        shape, dtype = header.shape, header.dtype
         self.sampled = len(chosen) < len(keys)
         if self.sampled:
             self.tmp = tempfile.mkdtemp(prefix="npyfeed-bench-")
@@ -126,7 +126,7 @@ class Bench:
         self.out_bytes = 4 * (int(np.prod(src.x_shape)) + int(np.prod(src.y_shape) if src.y_shape else 1))
         self.order = src.epoch_order(0, shuffle=True, seed=self.seed)
         self.keys = src.keys
-        self.key_of = src._core.sample_fields  # key number, feature_index, label_index of sample ids
+        self.key_of = src.locate  # key number, feature_index, label_index of sample ids
         self.fields_src = src
         native = [_native(p) for p in self.files]
         sizes, _ = _core.warm_files(native, self.threads, False, None)
@@ -298,8 +298,9 @@ class Bench:
         return row
 
     def _np_load_row(self) -> Row:
-        dirs = dict.fromkeys(self.keys, self.factor_dir), dict.fromkeys(self.keys, self.label_dir)
-        fn = baselines.np_load_sample(dirs[0], dirs[1], self.window)
+        nkeys = len(self.keys)
+        fn = baselines.np_load_sample(dict(zip(self.keys, self.files[:nkeys])), dict(zip(self.keys, self.files[nkeys:])),
+                                      self.window)
         lines = self._lines(self.order[:1 << 14])
         return self._time(NP_LOAD_ROW, "warm", self._python_batches(fn, lines), self.seconds, None,
                           f"all {len(lines):,} samples it was given")

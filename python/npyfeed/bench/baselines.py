@@ -5,6 +5,8 @@ benchmarks (``bench/bench_windows.py``) measure npyfeed against.
 * the per-sample function over that dict: one index line ``b"feature_index,label_index,key"`` in, one window and
   one label row out, sliced in Python (what their ``tf.numpy_function`` calls per sample);
 * the advised per-sample function: the same, but each call ``np.load``-s both whole files of its key.
+
+A key's file may be a `.npz` archive of one array (``np.savez``), which they read as ``np.load(path)["arr_0"]``.
 """
 
 from __future__ import annotations
@@ -15,9 +17,18 @@ from typing import Callable
 import numpy as np
 
 
+def np_load(path) -> np.ndarray:
+    """``np.load(path)``; of a `.npz` archive, its only array."""
+    if not str(path).endswith(".npz"):
+        return np.load(path)
+    with np.load(path) as archive:
+        (member,) = archive.files
+        return archive[member]
+
+
 def load_factor_files(paths: Mapping) -> dict:
     """``{key: np.load(path)}`` for ``paths`` (key -> path), one file after another: the users' loader."""
-    return {key: np.load(path) for key, path in paths.items()}
+    return {key: np_load(path) for key, path in paths.items()}
 
 
 def dict_sample(held: Mapping, window: int) -> Callable[[bytes], tuple]:
@@ -33,17 +44,16 @@ def dict_sample(held: Mapping, window: int) -> Callable[[bytes], tuple]:
     return get_data_from_cache
 
 
-def np_load_sample(factor_dirs: Mapping, label_dirs: Mapping, window: int) -> Callable[[bytes], tuple]:
-    """The advised per-sample function: ``np.load`` of the key's whole factor and label files (``<dir>/<key>.npy``,
-    folders by key), then one window and one label row."""
-    fdir, ldir = factor_dirs, label_dirs
+def np_load_sample(factor_paths: Mapping, label_paths: Mapping, window: int) -> Callable[[bytes], tuple]:
+    """The advised per-sample function: ``np.load`` of the key's whole factor and label files (key -> path), then
+    one window and one label row."""
 
-    def get_data_from_cache(string_message):  # the users' "advice" code, paths from their layout
+    def get_data_from_cache(string_message):  # the users' "advice" code (their f-string paths, looked up by key)
         feature_index, label_index, key = string_message.decode().split(',')
         feature_index = int(feature_index)
         label_index = int(label_index)
-        factor_arr = np.load(f"{fdir[key]}/{key}.npy")
-        label_arr = np.load(f"{ldir[key]}/{key}.npy")
+        factor_arr = np_load(factor_paths[key])
+        label_arr = np_load(label_paths[key])
         slice_arr = factor_arr[feature_index - window + 1: feature_index + 1]
         label_value = label_arr[label_index]
         x_data = slice_arr.astype(np.float32)
