@@ -84,6 +84,21 @@ def test_a_byte_order_mark_opening_a_file_is_not_part_of_its_first_line(tmp_path
         _source(inside, ["k1", "k2"])
 
 
+def test_a_key_that_is_not_utf8_names_its_line(tmp_path):
+    """An index saved as GBK (or Latin-1): a ValueError naming the file and line, from the source, the compiled
+    cache and check_index alike, not a UnicodeDecodeError without either. UTF-8 keys of any script are keys."""
+    good = tmp_path / "utf8.txt"
+    good.write_text("10,10,中国平安\n11,11,k1\n", encoding="utf-8")
+    assert _source(good, ["中国平安", "k1"]).keys == ["中国平安", "k1"]
+    gbk = tmp_path / "gbk.txt"
+    gbk.write_bytes("10,10,k1\n11,11,中国平安\n".encode("gbk"))
+    for cache in (False, True):
+        with pytest.raises(ValueError, match=f"{gbk}:2: key is not UTF-8 text"):
+            _source(gbk, ["k1"], cache=cache, cache_dir=tmp_path / "cache")
+    report = npyfeed.check_index(gbk, tmp_path, tmp_path, W)
+    assert [(p.where, p.kind) for p in report.errors if "UTF-8" in p.message] == [(f"{gbk}:2", "malformed")]
+
+
 def test_several_files_in_order(tmp_path):
     first, second, third = tmp_path / "1.txt", tmp_path / "2.txt", tmp_path / "3.txt"
     first.write_text("1,1,b\n2,2,a\n")

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "npyfeed/common/errors.hpp"
+#include "npyfeed/common/utf8.hpp"
 #include "npyfeed/io/file.hpp"
 #include "npyfeed/io/mapped_file.hpp"
 
@@ -151,6 +152,10 @@ void parse_chunk(std::string_view text, Chunk& c) {
         if (!key_names_a_file(key)) {
           if (malformed("", "key '" + std::string(key) + "' cannot name a file (empty, '.', '..' or contains '/')"))
             return;
+          continue;
+        }
+        if (detail::utf8_length(key) < 0) {  // Python could not name it: a file written as GBK or Latin-1
+          if (malformed("key is not UTF-8 text: index files are read as UTF-8 (save this one as UTF-8)", "")) return;
           continue;
         }
         id = static_cast<std::uint32_t>(c.keys.size());

@@ -17,7 +17,7 @@
 namespace npyfeed {
 
 /// Bumped whenever the file layout or the parse changes.
-inline constexpr std::uint32_t kIndexCacheVersion = 2;
+inline constexpr std::uint32_t kIndexCacheVersion = 3;
 
 struct IndexLoad {
   SampleIndex index;
