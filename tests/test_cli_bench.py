@@ -426,7 +426,9 @@ def test_cold_rows_are_skipped_when_the_cache_cannot_be_dropped(data, monkeypatc
     direct = rows[('npyfeed mode="direct"', "cold")]  # O_DIRECT goes around the cache: still measured, with a note
     assert direct.samples_per_s and "could not be dropped" in direct.note
     assert any("cold rows were skipped" in n for n in report.notes)
-    assert "skipped: 100% of the files stayed in the page cache" in report.format_table()
+    # The share still cached is what mincore saw (the files were warmed, nothing dropped them, but memory pressure
+    # from other processes may take a few pages).
+    assert re.search(r"skipped: \d+% of the files stayed in the page cache", report.format_table())
     assert all(rows[(n, "warm")].samples_per_s for n in (bench.ITERATOR, bench.DICT_ROW))
 
 
