@@ -299,8 +299,8 @@ class Bench:
 
     def _np_load_row(self) -> Row:
         nkeys = len(self.keys)
-        fn = baselines.np_load_sample(dict(zip(self.keys, self.files[:nkeys])), dict(zip(self.keys, self.files[nkeys:])),
-                                      self.window)
+        factors, labels = dict(zip(self.keys, self.files[:nkeys])), dict(zip(self.keys, self.files[nkeys:]))
+        fn = baselines.np_load_sample(factors, labels, self.window)
         lines = self._lines(self.order[:1 << 14])
         return self._time(NP_LOAD_ROW, "warm", self._python_batches(fn, lines), self.seconds, None,
                           f"all {len(lines):,} samples it was given")
