@@ -57,3 +57,18 @@ def test_ratios_between_contenders_are_taken_within_each_round(tmp_path):
         assert len(r["samples_per_s"]) == 3
         within = sorted(a / b for a, b in zip(r["samples_per_s"], plain[r["cache"]]))
         assert r["vs_e_mmap"] == pytest.approx(within[1]), r
+
+
+def test_the_adapters_are_held_to_their_target(tmp_path):
+    """An adapter's row (--only ...,torch) is set against (e) mmap in the targets, as docs/frameworks.md states."""
+    pytest.importorskip("torch")
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--no-tf", "--no-options", "--dtypes", "float32",
+                           "--only", "e-mmap,torch", "--dir", str(tmp_path / "data"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    torch_row = next(r for r in result["results"] if r["tag"] == "torch")
+    target = next(t for t in result["targets"] if t["target"].startswith("npyfeed.torch.WindowDataset"))
+    assert target["needed"] == ">= 0.900x" and target["value"] == pytest.approx(torch_row["vs_e_mmap"])
+    assert target["status"] == ("met" if torch_row["vs_e_mmap"] >= 0.9 else "MISSED")
