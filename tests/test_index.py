@@ -99,6 +99,17 @@ def test_a_key_that_is_not_utf8_names_its_line(tmp_path):
     assert [(p.where, p.kind) for p in report.errors if "UTF-8" in p.message] == [(f"{gbk}:2", "malformed")]
 
 
+@pytest.mark.parametrize("text", [b"10,10,k1\r11,11,k2\r12,12,k1\r", b"10,10,k1\r11"])
+def test_old_mac_line_endings_are_named_as_such(tmp_path, text):
+    """Lines end with \\n or \\r\\n; a lone \\r inside a line is said to be one (shown escaped), whether the line
+    then has too many fields or a key holding it."""
+    path = tmp_path / "index.txt"
+    path.write_bytes(text)
+    with pytest.raises(ValueError, match=rf"{path}:1: a carriage return inside the line") as error:
+        _source(path, ["k1", "k2"])
+    assert "\r" not in str(error.value) and "(line: '10,10,k1\\r11" in str(error.value)
+
+
 def test_several_files_in_order(tmp_path):
     first, second, third = tmp_path / "1.txt", tmp_path / "2.txt", tmp_path / "3.txt"
     first.write_text("1,1,b\n2,2,a\n")

@@ -29,14 +29,26 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+// Lines end with "\n" or "\r\n"; a "\r" inside one is most likely a file of old Mac "\r" line endings.
+constexpr const char* kCarriageReturn =
+    "a carriage return inside the line: lines end with '\\n' or '\\r\\n' (a file of '\\r' line endings?)";
+
 bool key_names_a_file(std::string_view key) {
   return !(key.empty() || key == "." || key == ".." || key.find('/') != std::string_view::npos ||
            key.find('\0') != std::string_view::npos);
 }
 
+// A malformed line as a message shows it: its first 80 bytes, a carriage return as \r (printed, it would hide
+// what came before it).
+std::string shown_line(std::string_view text) {
+  std::string out;
+  for (char ch : text.substr(0, 80)) out += ch == '\r' ? std::string("\\r") : std::string(1, ch);
+  return out;
+}
+
 std::string line_message(const std::string& name, std::uint64_t line_no, const std::string& why,
                          std::string_view text) {
-  return name + ":" + std::to_string(line_no) + ": " + why + " (line: '" + std::string(text.substr(0, 80)) + "')";
+  return name + ":" + std::to_string(line_no) + ": " + why + " (line: '" + shown_line(text) + "')";
 }
 
 bool parse_int_field(std::string_view field, std::int64_t& value) {
@@ -135,10 +147,11 @@ void parse_chunk(std::string_view text, Chunk& c) {
       }
       if (c.bad.size() == kMostMalformedLinesPerChunk) return c.garbage = true;
       c.bad.push_back({c.lines, *why ? std::string(why) : why_text, c.begin + pos, c.key.size()});
-      c.bad.back().why += " (line: '" + std::string(trim(line).substr(0, 80)) + "')";
+      c.bad.back().why += " (line: '" + shown_line(trim(line)) + "')";
       return false;
     };
     if (const char* why = parse_line(line, feature, label, key, blank)) {
+      if (trim(line).find('\r') != std::string_view::npos) why = kCarriageReturn;  // the likelier cause
       if (malformed(why, "")) return;
       continue;
     }
@@ -152,6 +165,10 @@ void parse_chunk(std::string_view text, Chunk& c) {
         if (!key_names_a_file(key)) {
           if (malformed("", "key '" + std::string(key) + "' cannot name a file (empty, '.', '..' or contains '/')"))
             return;
+          continue;
+        }
+        if (key.find('\r') != std::string_view::npos) {
+          if (malformed(kCarriageReturn, "")) return;
           continue;
         }
         if (detail::utf8_length(key) < 0) {  // Python could not name it: a file written as GBK or Latin-1
