@@ -121,7 +121,7 @@ def read_header(path, *, member: str | None = None, max_header_size: int = MAX_H
         The file cannot be opened or read (``FileNotFoundError``, ``IsADirectoryError``, ...).
     """
     path = _fspath(path)
-    if not path.endswith(".npz"):
+    if not npz.is_npz(path):
         if member is not None:
             raise ValueError(f"{path}: member={member!r} names an array of a .npz archive, and this is a .npy file")
         return Header(**_core.read_header(_native(path), max_header_size))
