@@ -626,10 +626,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    common.add_data_args(p, files=400, rows=4800, cols=256, dtype="float32")
-    for action in p._actions:  # --dtype is add_data_args'; here --dtypes lists the sources measured
-        if action.dest == "dtype":
-            action.default, action.help = None, "measure only this source dtype (shorthand for --dtypes DTYPE)"
+    common.add_data_args(p, files=400, rows=4800, cols=256, dtype=None,  # --dtypes lists the sources measured
+                         dtype_help="measure only this source dtype (shorthand for --dtypes DTYPE)")
     g = p.add_argument_group("windows")
     g.add_argument("--dtypes", default="float32,float64",
                    help="comma-separated source dtypes, one data set each (default float32,float64)")

@@ -369,13 +369,14 @@ def write_json(path: str | os.PathLike, payload: dict) -> None:
         f.write("\n")
 
 
-def add_data_args(parser: argparse.ArgumentParser, *, files: int, rows: int, cols: int, dtype: str) -> None:
+def add_data_args(parser: argparse.ArgumentParser, *, files: int, rows: int, cols: int, dtype: str | None,
+                  dtype_help: str | None = None) -> None:
     """The flags every benchmark shares: data set size, location, threads, repeats, JSON, quick."""
     g = parser.add_argument_group("data set")
     g.add_argument("--files", type=int, default=files, help=f"number of factor files (default {files})")
     g.add_argument("--rows", type=int, default=rows, help=f"rows T per file (default {rows})")
     g.add_argument("--cols", type=int, default=cols, help=f"columns F per file (default {cols})")
-    g.add_argument("--dtype", default=dtype, help=f"dtype of the files (default {dtype})")
+    g.add_argument("--dtype", default=dtype, help=dtype_help or f"dtype of the files (default {dtype})")
     g.add_argument("--dir", default=str(DEFAULT_DATA_DIR),
                    help="where data sets are generated and kept (default bench/data, gitignored)")
     r = parser.add_argument_group("run")
