@@ -9,6 +9,8 @@ than factor files, every read mode and ``.npz`` sources, the gather options, ``b
 
 from __future__ import annotations
 
+import os
+
 import npyfeed
 import numpy as np
 import pytest
@@ -145,3 +147,18 @@ def test_dense_no_key(tmp_path):
     np.save(tmp_path / "f" / "a.npy", np.zeros((10, 2)))
     with pytest.raises(ValueError, match="no key has a factor file"):
         npyfeed.WindowSource.dense(tmp_path / "f", tmp_path / "l", 4)
+
+
+def test_a_file_name_that_is_not_utf8_is_named(tmp_path):
+    """A key is UTF-8 text: a file whose name is not (a GBK name, listed with surrogate escapes) is a ValueError
+    naming it, not a TypeError from the binding; keys= can leave it out."""
+    gbk = os.fsdecode("中国".encode("gbk"))
+    for folder in ("f", "l"):
+        (tmp_path / folder).mkdir()
+        for key in ("ok", gbk):
+            np.save(tmp_path / folder / f"{key}.npy", np.arange(40.0).reshape(20, 2))
+    with pytest.raises(ValueError, match="the file name is not UTF-8 text, and keys are"):
+        npyfeed.WindowSource.dense(tmp_path / "f", tmp_path / "l", 4)
+    assert npyfeed.WindowSource.dense(tmp_path / "f", tmp_path / "l", 4, keys=["ok"]).keys == ["ok"]
+    with pytest.raises(ValueError, match="is not UTF-8 text"):
+        npyfeed.WindowSource.dense(tmp_path / "f", tmp_path / "l", 4, keys=["ok", gbk])

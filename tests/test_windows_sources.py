@@ -132,11 +132,13 @@ def test_from_arrays_missing_keys(small):
 
 
 @pytest.mark.parametrize("index, error", [([], ValueError), ([(1, 2)], ValueError), ([(1.5, 2, "a")], ValueError),
-                                          ([(1, 2, "a/b")], ValueError), ([(1, 2, "")], ValueError)])
+                                          ([(1, 2, "a/b")], ValueError), ([(1, 2, "")], ValueError),
+                                          ([(1, 2, "a"), (1, 2, "b\udce9")], ValueError)])
 def test_from_arrays_bad_tuples(index, error):
-    arrays = {"a": np.zeros((5, 2)), "a/b": np.zeros((5, 2)), "": np.zeros((5, 2))}
-    with pytest.raises(error):
+    arrays = {"a": np.zeros((5, 2)), "a/b": np.zeros((5, 2)), "": np.zeros((5, 2)), "b\udce9": np.zeros((5, 2))}
+    with pytest.raises(error) as info:
         npyfeed.WindowSource.from_arrays(index, arrays, arrays, 1)
+    assert type(info.value) is ValueError  # a message of npyfeed's, not the binding's TypeError
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -96,8 +96,11 @@ def index_from_tuples(index) -> object:
     for name, arr in (("feature_index", feature_arr), ("label_index", label_arr)):
         if not np.issubdtype(arr.dtype, np.integer):
             raise ValueError(f"{name} values must be integers")
-    return _core.index_from_columns(feature_arr.astype(np.int64), label_arr.astype(np.int64),
-                                    [str(k) for k in keys], "<index list>")
+    keys = [str(k) for k in keys]
+    for k in set(keys):
+        if not _is_utf8(k):
+            raise ValueError(f"index entry {keys.index(k)}: key {k!r} is not UTF-8 text")
+    return _core.index_from_columns(feature_arr.astype(np.int64), label_arr.astype(np.int64), keys, "<index list>")
 
 
 def open_index(index, cache: bool, cache_dir, threads: int):
@@ -136,7 +139,20 @@ def dense_keys(factor_dir: str, label_dir: str) -> list:
     if not keys:
         raise ValueError(f"WindowSource.dense: no key has a factor file in {factor_dir} (<key>.npy or <key>.npz) "
                          f"and a label file in {label_dir}")
+    for k in keys:
+        if not _is_utf8(k):
+            raise ValueError(f"WindowSource.dense: {os.path.join(factor_dir, k)!r}.npy/.npz: the file name is not "
+                             "UTF-8 text, and keys are: rename it, or pass keys= without it")
     return keys
+
+
+def _is_utf8(key: str) -> bool:
+    """Whether `key` is UTF-8 text (a file name that is not comes from os.listdir with surrogate escapes)."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_keys(keys) -> list:
@@ -149,6 +165,8 @@ def check_keys(keys) -> list:
             raise _checks.ArgumentTypeError(f"keys must be strings, got {k!r}")
         if not k or k in (".", "..") or "/" in k or "\0" in k or (os.sep != "/" and os.sep in k):
             raise ValueError(f"keys: {k!r} cannot name a file")
+        if not _is_utf8(k):
+            raise ValueError(f"keys: {k!r} is not UTF-8 text")
         if k in seen:
             raise ValueError(f"keys: {k!r} is given twice")
         seen.add(k)
