@@ -302,6 +302,28 @@ def test_chunk_boundaries(tmp_path, mode, end, write_npy, assert_same_as_np_load
     assert_same_as_np_load(array, path)
 
 
+# Files up to 16 MiB are read whole; buffered, one read up to 128 KiB, else the first 4 KiB (the header) and then
+# the rest, as numpy reads them. Sizes on both sides of each boundary, and a header that the first read cuts.
+@pytest.mark.parametrize("file_size", [4096, 4097, 128 * 1024, 128 * 1024 + 1, 5 * MiB + 8])
+@pytest.mark.parametrize("mode", ["read", "direct"])
+def test_whole_file_reads_on_either_side_of_the_first_read(tmp_path, mode, file_size, write_npy,
+                                                            assert_same_as_np_load):
+    path = write_npy(tmp_path / "a.npy", np.arange(file_size - 128, dtype="u1"))
+    assert path.stat().st_size == file_size
+    assert_same_as_np_load(npyfeed.load(path, mode=mode, threads=2), path)
+
+
+@pytest.mark.parametrize("mode", ["read", "direct"])
+def test_a_header_longer_than_the_first_read(tmp_path, mode, write_npy, assert_same_as_np_load):
+    fields = [(f"field_{i:04d}", "<f4") for i in range(300)]  # a header of about 6 KiB
+    array = np.zeros(1000, dtype=fields)
+    for i, (name, _) in enumerate(fields):
+        array[name] = np.arange(1000) * 1000 + i
+    path = write_npy(tmp_path / "a.npy", array, (2, 0))
+    assert npyfeed.read_header(path).data_offset > 4096 and path.stat().st_size > 128 * 1024
+    assert_same_as_np_load(npyfeed.load(path, mode=mode), path)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # O_DIRECT
 
