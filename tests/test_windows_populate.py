@@ -1,5 +1,5 @@
 """Mapped files populated ahead of the gather (mode "mmap"): the cached pages of every file are mapped into the
-process at the first gather, by a pool worker, so that a first pass takes no page fault per page.
+process at the first gather, by a worker of the IO pool, so that a first pass takes no page fault per page.
 
 Proven from /proc/self/smaps: after one small batch, a file's mapping is resident in this process (its Rss)
 in full where populating is on, and only around the windows read where it is off (NPYFEED_POPULATE=0). Pages
@@ -141,6 +141,31 @@ def test_populate_reads_nothing_from_the_disk(dataset, monkeypatch):
     assert wait_for(lambda: mapped_kb(dataset / "labels" / "c.npy") >= file_kb(dataset / "labels" / "c.npy") - 4)
     # The populate is done (it maps files in key order, factor then label): the evicted file stayed unread.
     assert mapped_kb(cold) < file_kb(cold) // 4, (mapped_kb(cold), file_kb(cold))
+
+
+@needs_populate_read
+def test_the_populate_never_holds_up_a_gather(dataset, monkeypatch):
+    # A pool hands a worker to a job until its items run out: the populate (one item per 8 MiB of every file, for
+    # seconds at the users' 14,000 keys) once held a gather worker so, and a source of one thread gathered nothing
+    # until it ended. It runs on the IO pool: with every IO worker held, a one-thread source still gathers, and
+    # populates nothing until they are let go.
+    monkeypatch.delenv("NPYFEED_POPULATE", raising=False)
+    warm(dataset)
+    src = npyfeed.WindowSource(str(dataset / "index.txt"), str(dataset / "factors"), str(dataset / "labels"),
+                               WINDOW, mode="mmap", threads=1)
+    path = dataset / "factors" / "b.npy"
+    hold = npyfeed._core.testing.IoPoolHold()
+    try:
+        ids = np.array([0, len(src) - 1])
+        for _ in range(3):  # the first gather queues the populate; the next ones would wait behind it on a gather worker
+            x, y = src.get(ids)
+        want_x, want_y = expected(dataset, ids, src)
+        assert np.array_equal(x, want_x) and np.array_equal(y, want_y)
+        time.sleep(0.2)
+        assert mapped_kb(path) < file_kb(path) // 4, (mapped_kb(path), file_kb(path))
+    finally:
+        hold.release()
+    assert wait_for(lambda: mapped_kb(path) >= file_kb(path) - 4), (mapped_kb(path), file_kb(path))
 
 
 @needs_populate_read

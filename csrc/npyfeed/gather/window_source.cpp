@@ -528,7 +528,7 @@ std::shared_ptr<Job> WindowSource::start_gather(ThreadPool& pool, std::vector<st
   } else {
     pool.launch(job);
   }
-  if (arrays == nullptr && populate_ && !populate_started_.exchange(true)) start_populate(pool);
+  if (arrays == nullptr && populate_ && !populate_started_.exchange(true)) start_populate();
   return job;
 }
 

@@ -159,8 +159,8 @@ class WindowSource : public std::enable_shared_from_this<WindowSource> {
  private:
   void open_key(std::size_t key, const std::string& factor_path, const std::string& label_path);
   ArraySource open_file(const std::string& path, bool label) const;
-  void apply_bounds();                    // the index pass of finish_open (samples from an index)
-  void start_populate(ThreadPool& pool);  // once, at the first gather: see window_source.cpp
+  void apply_bounds();    // the index pass of finish_open (samples from an index)
+  void start_populate();  // once, at the first gather: see window_source_ahead.cpp
   // Launches a cold batch's prepared gather once its read-ahead hints are in, off the caller's thread.
   void launch_after_will_need(ThreadPool& pool, std::shared_ptr<Job> job, std::shared_ptr<const Gather> gather);
   std::uint64_t index_position(std::size_t sample) const;
