@@ -297,8 +297,8 @@ def render_headline(results_dir: Path = RESULTS) -> str:
         run = n["runs"]["npyfeed"]
         k = len(run["results"])
         lines.append(f"* **One node**: {k} processes over {n['args']['files']:,} keys share one copy of the data: "
-                     f"{run['summary']['private_sum'] / k / 1e6:,.0f} MB private memory per process (the dict way: every "
-                     f"file in each process).")
+                     f"{run['summary']['rss_anon_sum'] / k / 1e6:,.0f} MB of heap per process (the dict way: every "
+                     f"file in each process's heap).")
     if (results_dir / "stream.json").is_file():
         s = json.loads((results_dir / "stream.json").read_text())
         rs = s["results"]
