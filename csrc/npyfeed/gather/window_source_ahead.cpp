@@ -101,10 +101,10 @@ void WindowSource::launch_after_will_need(ThreadPool& pool, std::shared_ptr<Job>
 // in the page cache: this process's page tables start empty. At the first gather, one worker of the IO pool maps
 // the cached pages of every file ahead of the gather (MappedFile::populate_cached): a mincore look and one
 // MADV_POPULATE_READ per run of cached pages, far cheaper than the faults. Not a gather worker: the pools hand a
-// worker to a job until its items run out, and at the users' key count (14,000 keys) the job ran for seconds,
-// in which a source of one thread gathered nothing (10 processes of one thread: 36.7k samples/s over their
-// first 20 batches, 289k without it). It reads nothing from the disk, so a data set larger than RAM is mapped
-// only where it is cached, and it stops after a quarter of physical memory, or when the source is destroyed.
+// worker to a job until its items run out, and at the users' key count (14,000 keys) the job runs for seconds, in
+// which a source of one thread would gather nothing. It reads nothing from the disk, so a data set larger than
+// RAM is mapped only where it is cached, and it stops after a quarter of physical memory, or when the source is
+// destroyed.
 void WindowSource::start_populate() {
   ThreadPool& pool = shared_io_pool(0, options_.placement);
   struct Step {
