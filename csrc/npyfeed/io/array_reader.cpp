@@ -26,6 +26,9 @@ ReadMode parse_read_mode(const std::string& name) {
 
 namespace {
 
+// A file's first read: most headers fit in it (read_header), and a buffered whole-file read starts with it.
+constexpr std::uint64_t kFirstReadBytes = 4096;
+
 void check_holds_data(const NpyHeader& header, const std::string& path, std::uint64_t size) {
   if (size < header.data_offset + header.nbytes) {
     throw NpyFormatError(path, size,
@@ -325,11 +328,10 @@ class DirectReader final : public FileReader {
 // bytes read: fewer than `size` only where the file ended first.
 std::uint64_t read_buffered(const File& file, std::byte* dest, std::uint64_t size) {
   constexpr std::uint64_t kOneReadUpTo = 128u << 10;
-  constexpr std::uint64_t kFirstRead = 4096;
   std::uint64_t got = 0;
   if (size > kOneReadUpTo) {
-    got = file.read_at(dest, kFirstRead, 0);
-    if (got < kFirstRead) return got;
+    got = file.read_at(dest, kFirstReadBytes, 0);
+    if (got < kFirstReadBytes) return got;
   }
   return got + file.read_at(dest + got, size - got, got);
 }
@@ -388,7 +390,7 @@ std::shared_ptr<ArrayReader> read_whole(const File& file, ReadMode mode, std::si
 
 NpyHeader read_header(const File& file, std::size_t max_header_size) {
   // Most headers fit in the first 4 KiB; longer ones (up to the cap) take a second read.
-  std::vector<std::byte> head(std::min<std::uint64_t>(file.size(), 4096));
+  std::vector<std::byte> head(std::min(file.size(), kFirstReadBytes));
   std::size_t got = file.read_at(head.data(), head.size(), 0);
   head.resize(got);
   NpyHeader header;
