@@ -47,7 +47,7 @@ python3 bench/bench_ab.py --a /tmp/ab-source --name-a source --b /tmp/ab-wheel -
 python3 bench/bench_ab.py --name-a "streaming off" --env-a NPYFEED_STREAMING=0 --name-b "streaming on" \
     --env-b NPYFEED_STREAMING=1 --paths float32,consumed,tf --batches 384 --rounds 4 --json bench/results/streaming.json
 python3 bench/bench_ab.py --name-a "populate off" --env-a NPYFEED_POPULATE=0 --name-b "populate on" \
-    --env-b NPYFEED_POPULATE=1 --paths first_pass --rounds 5 --json bench/results/first_pass.json
+    --env-b NPYFEED_POPULATE=1 --paths first_pass --rounds 11 --json bench/results/first_pass.json
 python3 bench/bench_ab.py --env-b NPYFEED_PREFETCH=0 --quick    # seconds: a smoke run, numbers meaningless
 ```
 """

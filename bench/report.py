@@ -46,7 +46,7 @@ def _source(result: dict) -> str:
     elif isinstance(load, list):
         load = f"{load[0]} before, {load[1]} after"
     return (f"`{result.get('command', '?')}`, {result.get('date', 'date not recorded')}, "
-            f"{m.get('cpus', '?')} CPUs{_cpu_model(m)}, load average {load}")
+            f"{m.get('cpus', '?')} CPUs{_cpu_model(m)}" + (f", load average {load}" if load is not None else ""))
 
 
 def _cpu_model(machine: dict) -> str:

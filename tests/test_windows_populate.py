@@ -1,5 +1,6 @@
 """Mapped files populated ahead of the gather (mode "mmap"): the cached pages of every file are mapped into the
-process at the first gather, by a worker of the IO pool, so that a first pass takes no page fault per page.
+process at the first gather, by a worker of the background pool (the lowest priority), so that a first pass takes
+no page fault per page.
 
 Proven from /proc/self/smaps: after one small batch, a file's mapping is resident in this process (its Rss)
 in full where populating is on, and only around the windows read where it is off (NPYFEED_POPULATE=0). Pages
@@ -147,14 +148,15 @@ def test_populate_reads_nothing_from_the_disk(dataset, monkeypatch):
 def test_the_populate_never_holds_up_a_gather(dataset, monkeypatch):
     # A pool hands a worker to a job until its items run out: the populate (one item per 8 MiB of every file, for
     # seconds at the users' 14,000 keys) once held a gather worker so, and a source of one thread gathered nothing
-    # until it ended. It runs on the IO pool: with every IO worker held, a one-thread source still gathers, and
-    # populates nothing until they are let go.
+    # until it ended. It runs on the background pool (its workers at the lowest priority: tests/cpp/
+    # test_thread_pool.cpp): with every worker of it held, a one-thread source still gathers, and populates
+    # nothing until they are let go.
     monkeypatch.delenv("NPYFEED_POPULATE", raising=False)
     warm(dataset)
     src = npyfeed.WindowSource(str(dataset / "index.txt"), str(dataset / "factors"), str(dataset / "labels"),
                                WINDOW, mode="mmap", threads=1)
     path = dataset / "factors" / "b.npy"
-    hold = npyfeed._core.testing.IoPoolHold()
+    hold = npyfeed._core.testing.BackgroundPoolHold()
     try:
         ids = np.array([0, len(src) - 1])
         for _ in range(3):  # the first gather queues the populate; the next ones would wait behind it on a gather worker

@@ -1,8 +1,8 @@
 // _core.testing: the one hook for what only tests ask of the core (no public API reaches it): the blocks of a
 // shard's epoch under shuffle="blocks" (to count the block reads the statistics report), the bytes a streamed
-// device epoch uploads, counted without reading (to check the device statistics), and every worker of the IO pool
-// held until released (to prove that background work there never holds up a gather). Nothing in the package or
-// the benchmarks calls it.
+// device epoch uploads, counted without reading (to check the device statistics), and every worker of the
+// background pool held until released (to prove that the populate runs there, never holding up a gather).
+// Nothing in the package or the benchmarks calls it.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -24,11 +24,12 @@ namespace npyfeed::bindings {
 
 namespace {
 
-// Every worker of the default placement's IO pool blocked in a job of its own until release() (or destruction).
-class IoPoolHold {
+// Every worker of the default placement's background pool blocked in a job of its own until release() (or
+// destruction).
+class BackgroundPoolHold {
  public:
-  IoPoolHold() {
-    ThreadPool& pool = shared_io_pool(1);
+  BackgroundPoolHold() {
+    ThreadPool& pool = shared_background_pool(1);
     const std::size_t workers = pool.size();
     job_ = pool.start(workers, workers, [this](std::size_t) {
       std::unique_lock lock(mutex_);
@@ -40,10 +41,10 @@ class IoPoolHold {
     if (!changed_.wait_for(lock, std::chrono::seconds(30), [this, workers] { return holding_ == workers; })) {
       lock.unlock();
       release();
-      throw std::runtime_error("IoPoolHold: a worker of the IO pool stayed busy for 30 s");
+      throw std::runtime_error("BackgroundPoolHold: a worker of the background pool stayed busy for 30 s");
     }
   }
-  ~IoPoolHold() { release(); }
+  ~BackgroundPoolHold() { release(); }
   void release() {
     {
       std::lock_guard lock(mutex_);
@@ -84,10 +85,11 @@ void bind_testing(py::module_& m) {
         return without_gil([&] { return rows.streamed_epoch_bytes(epoch); });
       },
       py::arg("device_rows"), py::arg("epoch"), "The bytes a streamed device epoch uploads over its groups.");
-  py::class_<IoPoolHold>(testing, "IoPoolHold",
-                         "Every worker of the IO pool (default placement) held from construction to release().")
-      .def(py::init([] { return without_gil([] { return std::make_unique<IoPoolHold>(); }); }))
-      .def("release", [](IoPoolHold& hold) { without_gil([&] { hold.release(); }); });
+  py::class_<BackgroundPoolHold>(
+      testing, "BackgroundPoolHold",
+      "Every worker of the background pool (default placement) held from construction to release().")
+      .def(py::init([] { return without_gil([] { return std::make_unique<BackgroundPoolHold>(); }); }))
+      .def("release", [](BackgroundPoolHold& hold) { without_gil([&] { hold.release(); }); });
 }
 
 }  // namespace npyfeed::bindings

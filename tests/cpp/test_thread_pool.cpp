@@ -2,11 +2,14 @@
 // cancellation, cancel(), wait_for, many jobs from many threads, empty jobs, fork, and the CPU time a job
 // counts. No test depends on timing: where a test needs workers to be at a certain point, a gate holds them
 // there.
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -354,6 +357,31 @@ TEST_CASE("shared_io_pool is apart from shared_pool: jobs that hold every worker
   gate.open();
   waiting->wait();
   CHECK_EQ(waiting->items_done(), held);
+}
+
+TEST_CASE("shared_background_pool: apart from the others, its workers at the lowest priority whatever the placement") {
+  ThreadPool& background = shared_background_pool(1);
+  CHECK(&background != &shared_pool());
+  CHECK(&background != &shared_io_pool());
+  CHECK(&background == &shared_background_pool(2));  // one pool, grown
+  Placement niced;
+  niced.nice = 5;
+  CHECK(&shared_background_pool(1, niced) == &background);  // the niceness asked for is not the pool's
+  Placement idle_io;
+  idle_io.io_class = 3;  // idle: allowed to any process
+  ThreadPool& other = shared_background_pool(1, idle_io);
+  CHECK(&other != &background);  // one per placement
+  for (ThreadPool* pool : {&background, &other}) {
+    std::mutex mutex;
+    std::set<int> seen;
+    pool->run(pool->size(), pool->size(), [&](std::size_t) {
+      errno = 0;
+      const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+      std::lock_guard lock(mutex);
+      seen.insert(errno == 0 ? nice : -100);
+    });
+    CHECK(seen == std::set<int>{kBackgroundNice});
+  }
 }
 
 TEST_CASE("a forked child gets a working shared_pool") {

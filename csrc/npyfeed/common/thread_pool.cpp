@@ -172,10 +172,11 @@ void ThreadPool::run(std::size_t count, std::size_t max_workers, std::function<v
 
 namespace {
 std::mutex g_pool_mutex;
-// One pool per placement, for compute and for device waits apart; leaked, as the pools are.
+// One pool per placement, for compute, for device waits and for background work apart; leaked, as the pools are.
 struct Pools {
   std::map<Placement, ThreadPool*> compute;
   std::map<Placement, ThreadPool*> io;
+  std::map<Placement, ThreadPool*> background;
 };
 Pools* g_pools = nullptr;
 pid_t g_pool_pid = 0;
@@ -219,6 +220,11 @@ ThreadPool& shared_pool(std::size_t min_threads, const Placement& placement) {
 
 ThreadPool& shared_io_pool(std::size_t min_threads, const Placement& placement) {
   return pool_of(&Pools::io, min_threads, placement);
+}
+
+ThreadPool& shared_background_pool(std::size_t min_threads, Placement placement) {
+  placement.nice = kBackgroundNice;
+  return pool_of(&Pools::background, min_threads, placement);
 }
 
 }  // namespace npyfeed

@@ -114,4 +114,14 @@ ThreadPool& shared_pool(std::size_t min_threads = 0, const Placement& placement 
 /// Grows, forks and lives as shared_pool does.
 ThreadPool& shared_io_pool(std::size_t min_threads = 0, const Placement& placement = {});
 
+/// The niceness of shared_background_pool's workers: the lowest priority there is.
+inline constexpr int kBackgroundNice = 19;
+
+/// The process-wide pool for work that no caller waits for (the populate of a mapped source's cached pages), one
+/// per placement, its workers at niceness kBackgroundNice whatever the placement's: they run on CPUs that nothing
+/// else wants and never take one from a gather, from the consumer or from another process on the node. Apart
+/// from shared_io_pool, whose block reads and read-ahead hints callers do wait for. Throws as shared_pool does,
+/// and OsError where this process may not lower its threads' priority. Grows, forks and lives as shared_pool does.
+ThreadPool& shared_background_pool(std::size_t min_threads = 0, Placement placement = {});
+
 }  // namespace npyfeed

@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 
+#include "npyfeed/common/errors.hpp"
 #include "npyfeed/gather/window_source.hpp"
 
 namespace npyfeed {
@@ -98,15 +99,23 @@ void WindowSource::launch_after_will_need(ThreadPool& pool, std::shared_ptr<Job>
 }
 
 // A first pass over mapped files pays a minor page fault per few pages it touches, even when every page is
-// in the page cache: this process's page tables start empty. At the first gather, one worker of the IO pool maps
-// the cached pages of every file ahead of the gather (MappedFile::populate_cached): a mincore look and one
-// MADV_POPULATE_READ per run of cached pages, far cheaper than the faults. Not a gather worker: the pools hand a
-// worker to a job until its items run out, and at the users' key count (14,000 keys) the job runs for seconds, in
-// which a source of one thread would gather nothing. It reads nothing from the disk, so a data set larger than
-// RAM is mapped only where it is cached, and it stops after a quarter of physical memory, or when the source is
-// destroyed.
+// in the page cache: this process's page tables start empty. At the first gather, one worker of the background
+// pool maps the cached pages of every file ahead of the gather (MappedFile::populate_cached): a mincore look and
+// one MADV_POPULATE_READ per run of cached pages, far cheaper than the faults. Not a gather worker: the pools hand
+// a worker to a job until its items run out, and at the users' key count (14,000 keys) the job runs for seconds,
+// in which a source of one thread would gather nothing. At the lowest priority: the populate only saves work the
+// gather would do anyway, so it may take only the CPU that nothing else wants (ten training processes on a
+// node share its cores). It reads nothing from the disk, so a data set larger than RAM is mapped only where it
+// is cached, and it stops after a quarter of physical memory, or when the source is destroyed. Where this process
+// may not lower a thread's priority, there is no populate.
 void WindowSource::start_populate() {
-  ThreadPool& pool = shared_io_pool(0, options_.placement);
+  ThreadPool* background = nullptr;
+  try {
+    background = &shared_background_pool(0, options_.placement);
+  } catch (const Error&) {
+    return;
+  }
+  ThreadPool& pool = *background;
   struct Step {
     std::weak_ptr<const ArrayReader> reader;  // the source owns its readers: a closed one unmaps at once
     std::uint64_t offset, length;
