@@ -109,13 +109,6 @@ void WindowSource::launch_after_will_need(ThreadPool& pool, std::shared_ptr<Job>
 // is cached, and it stops after a quarter of physical memory, or when the source is destroyed. Where this process
 // may not lower a thread's priority, there is no populate.
 void WindowSource::start_populate() {
-  ThreadPool* background = nullptr;
-  try {
-    background = &shared_background_pool(0, options_.placement);
-  } catch (const Error&) {
-    return;
-  }
-  ThreadPool& pool = *background;
   struct Step {
     std::weak_ptr<const ArrayReader> reader;  // the source owns its readers: a closed one unmaps at once
     std::uint64_t offset, length;
@@ -129,11 +122,17 @@ void WindowSource::start_populate() {
         steps->push_back({s->reader, at, std::min(kPopulateStepBytes, nbytes - at)});
     }
   }
-  if (steps->empty()) return;
+  if (steps->empty()) return;  // before the pool: a source with nothing mapped starts no thread
+  ThreadPool* pool = nullptr;
+  try {
+    pool = &shared_background_pool(0, options_.placement);
+  } catch (const Error&) {
+    return;
+  }
   const std::uint64_t budget = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
                                static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) / kPopulateMemoryDivisor;
   auto mapped = std::make_shared<std::uint64_t>(0);  // one worker: no other thread touches it
-  pool.start(steps->size(), 1, [steps, mapped, budget, stop = populate_stop_](std::size_t i) {
+  pool->start(steps->size(), 1, [steps, mapped, budget, stop = populate_stop_](std::size_t i) {
     if (stop->load(std::memory_order_relaxed) || *mapped >= budget) return;
     const Step& step = (*steps)[i];
     if (auto reader = step.reader.lock()) *mapped += reader->populate_cached(step.offset, step.length);
